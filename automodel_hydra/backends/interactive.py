@@ -1,0 +1,236 @@
+"""Interactive backend: torchrun on this node (``python train.py``).
+
+``plan`` writes ``launch/torchrun.sh``: the exact command, runnable by hand. ``submit`` starts one torchrun group
+per job; a sweep's jobs run side by side on disjoint devices (``CUDA_VISIBLE_DEVICES`` on GPUs, CPU affinity and
+``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous port, at most ``interactive.max_parallel`` at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import typing as tp
+from concurrent.futures import Future
+from pathlib import Path
+
+from automodel_hydra.config import TrainConfig
+from automodel_hydra.plan import JobResult, JobSpec, Plan, Submission, worker_argv
+from automodel_hydra.profile import nsys_prefix
+
+log = logging.getLogger(__name__)
+
+NAME = "interactive"
+SCRIPT = "torchrun.sh"
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA devices, without importing torch when there is no NVIDIA driver (keeps start-up fast)."""
+    if not Path("/proc/driver/nvidia").exists() and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_cores() -> list[int]:
+    """CPU cores this process may run on (its affinity mask, which containers and Slurm narrow)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
+    """``interactive.nproc_per_node``: ``auto`` = one worker per GPU, else one per CPU core; else the integer."""
+    if value == "auto":
+        return gpus or cpus
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    nproc: int
+    master_port: int
+    max_parallel: int | None
+    uses_gpus: bool
+
+
+def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
+    """torchrun argv for ``cfg.interactive`` as a bash script (pure apart from counting devices)."""
+    ic = cfg.interactive
+    gpus = cuda_device_count()
+    nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpu_cores()))
+    worker = worker_argv(job, python=sys.executable)
+    prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+                f"--max_restarts={ic.max_restarts}", "--master_addr=127.0.0.1"]
+    # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
+    tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {job.job_name}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
+        "# MASTER_PORT is chosen free at start (base interactive.master_port) and logged.",
+        "set -euo pipefail",
+        f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONUNBUFFERED=1",
+        "exec " + shlex.join(torchrun) + ' --master_port="${MASTER_PORT:-' + str(ic.master_port) + '}" '
+        + shlex.join(tail),
+        "",
+    ]
+    payload = Payload(nproc, ic.master_port, ic.max_parallel, gpus > 0)
+    return Plan(NAME, job, {SCRIPT: "\n".join(lines)}, payload, group_key=(ic.max_parallel,))
+
+
+# ----------------------------------------------------------------------------------------------- side effects
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
+    """The first port >= ``start`` that is bindable on this host and not in ``exclude``."""
+    for port in range(start, min(start + 2000, 65536)):
+        if port not in exclude and port_is_free(port):
+            return port
+    raise RuntimeError(f"no free TCP port in {start}..{start + 1999}")
+
+
+class _Scheduler:
+    """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
+
+    def __init__(self, plans: tp.Sequence[Plan], quiet: bool) -> None:
+        self.plans, self.quiet = plans, quiet
+        first = plans[0].payload
+        self.slots = list(range(cuda_device_count())) if first.uses_gpus else cpu_cores()
+        self.max_parallel = first.max_parallel or len(plans)
+        self.futures: list[Future[JobResult]] = [Future() for _ in plans]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.cond = threading.Condition()
+        self.cancelled = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="automodel-interactive", daemon=True).start()
+
+    def _loop(self) -> None:
+        free, running, ports = list(self.slots), {}, set()
+        pending = list(range(len(self.plans)))
+        while pending or running:
+            with self.cond:
+                while pending and not self.cancelled:
+                    i = pending[0]
+                    need = min(self.plans[i].payload.nproc, len(self.slots))
+                    if len(running) >= self.max_parallel or (running and need > len(free)):
+                        break
+                    pending.pop(0)
+                    devices, free = free[:need], free[need:]
+                    port = free_port(self.plans[i].payload.master_port, ports)
+                    ports.add(port)
+                    running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
+                if self.cancelled:
+                    for i in pending:
+                        self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
+                    pending = []
+                self.cond.wait(timeout=0.2)
+            for i, (devices, port, proc) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[i]
+                    free += devices
+                    ports.discard(port)
+                    self.futures[i].set_result(_result(self.plans[i], proc.returncode))
+
+    def _start(self, i: int, devices: list[int], port: int, packed: bool) -> subprocess.Popen[bytes]:
+        plan = self.plans[i]
+        env = dict(os.environ, MASTER_PORT=str(port))
+        preexec = None
+        if packed and plan.payload.uses_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        elif packed:
+            env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.payload.nproc))
+            preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
+        log.info("job %s: torchrun with %d worker(s), rendezvous port %d%s", plan.job.job_num or 0,
+                 plan.payload.nproc, port, f", devices {devices}" if packed else "")
+        out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
+        proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
+                                start_new_session=True, preexec_fn=preexec)
+        (plan.job.launch_dir / "pid").write_text(f"{proc.pid}\n")
+        self.procs[i] = proc
+        return proc
+
+    def cancel(self) -> None:
+        """SIGTERM every running torchrun group (workers checkpoint and exit); queued jobs never start."""
+        with self.cond:
+            self.cancelled = True
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+            self.cond.notify_all()
+
+
+def _result(plan: Plan, returncode: int) -> JobResult:
+    result_file = plan.job.job_dir / "result.json"
+    if returncode == 0 and result_file.exists():
+        return JobResult("COMPLETED", json.loads(result_file.read_text()))
+    tail = ""
+    out = plan.job.launch_dir / "torchrun.out"
+    if out.exists():
+        tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
+    state = "CANCELLED" if returncode in (-signal.SIGTERM, 143) else "FAILED"
+    return JobResult(state, error=f"torchrun exited with {returncode} (job dir {plan.job.job_dir}){tail}")
+
+
+def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
+    """Start the planned torchrun groups (packed onto free devices). Returns at once; see :func:`wait`."""
+    sched = _Scheduler(plans, quiet=len(plans) > 1)
+    sched.start()
+    return [Submission(p, ids=[], log_path=str(p.job.log_file), handle=(sched, f)) for p, f in zip(plans, sched.futures)]
+
+
+def wait(subs: tp.Sequence[Submission]) -> list[JobResult]:
+    """Block until every job ends. Ctrl-C / SIGTERM stops the workers with a checkpoint, then re-raises."""
+    try:
+        return [s.handle[1].result() for s in subs]
+    except BaseException:
+        for s in subs:
+            s.handle[0].cancel()
+        for s in subs:
+            s.handle[1].result(timeout=120)
+        raise
+
+
+def status(record: dict[str, tp.Any]) -> str:
+    """State of a past interactive job from what it left behind (there is no scheduler to ask)."""
+    job_dir = Path(record["job_dir"])
+    if (job_dir / "result.json").exists():
+        return "COMPLETED"
+    pid = _pid(job_dir)
+    if pid is None:
+        return "PENDING"
+    if Path(f"/proc/{pid}").exists():
+        return "RUNNING"
+    return "FAILED"
+
+
+def _pid(job_dir: Path) -> int | None:
+    path = job_dir / "launch" / "pid"
+    return int(path.read_text()) if path.exists() else None
+
+
+def cancel(record: dict[str, tp.Any]) -> None:
+    """SIGTERM the job's torchrun process group (workers checkpoint at the next step, then exit)."""
+    pid = _pid(Path(record["job_dir"]))
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)

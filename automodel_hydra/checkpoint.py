@@ -1,0 +1,241 @@
+"""Step-N checkpoints with ``torch.distributed.checkpoint`` (DCP) and a pointer to the newest complete one.
+
+Layout under the checkpoint dir (SPEC section 5)::
+
+    step-50/   .metadata  __0_0.distcp ...  .complete
+    step-100/  ...
+    latest     "step-100"  (rank 0 moves it with os.replace, only after step-100 is complete)
+
+A checkpoint counts as complete once DCP has written its ``.metadata`` and rank 0 has written ``.complete`` after the
+save returned (sync) or its future resolved (async). :func:`find_latest` never returns anything else, so a job killed
+mid-save resumes from the previous checkpoint.
+
+Like torchtitan's ``BaseCheckpointManager``, the public ``save/load/wait/close`` check ``enabled`` once and call the
+``_`` hooks; a subclass (another storage, another format) overrides only the hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import typing as tp
+import warnings
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+logger = logging.getLogger(__name__)
+
+#: State-dict keys (module constants, torchtitan style).
+MODEL_AND_OPTIM = "app"
+TRAIN_STATE = "train_state"
+#: Written into a step dir by rank 0 after the save finished; DCP's own index file is ``.metadata``.
+COMPLETE_MARKER = ".complete"
+METADATA = ".metadata"
+POINTER = "latest"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class ModelOptimState(Stateful):
+    """Model + optimizer as one DCP ``Stateful``; ``get_state_dict`` unwraps DDP, so keys match with or without it."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, tp.Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, tp.Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"])
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _dist_on() else 0
+
+
+@contextlib.contextmanager
+def _single_process_ok() -> tp.Iterator[None]:
+    """Without a process group DCP saves/loads in this process alone, as intended here; silence its warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a step dir with DCP's ``.metadata`` and this module's completion marker."""
+    p = Path(path)
+    return (p / METADATA).is_file() and (p / COMPLETE_MARKER).is_file()
+
+
+def _step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step-N`` dir, oldest first (complete or not)."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def find_latest(ckpt_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint in ``ckpt_dir``, or None when there is none.
+
+    Reads the ``latest`` pointer and accepts its target when it has ``.metadata``; when the pointer is missing or
+    bad, falls back to the newest ``step-N`` dir that has both ``.metadata`` and the completion marker.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        name = (ckpt_dir / POINTER).read_text().strip()
+        if _STEP_DIR.match(name) and (ckpt_dir / name / METADATA).is_file():
+            return ckpt_dir / name
+        logger.warning("checkpoint pointer %s -> %r is not a complete checkpoint; scanning", ckpt_dir / POINTER, name)
+    except OSError:
+        pass
+    complete = [p for _, p in _step_dirs(ckpt_dir) if is_complete(p)]
+    return complete[-1] if complete else None
+
+
+class CheckpointManager:
+    """Saves and restores ``{name: Stateful | tensor | value}`` state as ``<dir>/step-N`` DCP checkpoints.
+
+    Parameters
+    ----------
+    ckpt_dir: where step dirs and the ``latest`` pointer go (shared by all ranks).
+    enabled: False makes every public method a no-op (``load`` returns 0).
+    async_save: ``dcp.async_save`` on a dedicated gloo process group (its collectives run on a background thread
+        and must not interleave with training collectives); completion is checked at the next save/wait/close.
+    keep_latest_k: after each completed save rank 0 deletes all but the newest K complete checkpoints (0 = keep all).
+
+    Every rank must construct the manager (with ``async_save`` and more than one rank it creates a process group).
+    """
+
+    def __init__(self, ckpt_dir: str | os.PathLike, *, enabled: bool = True, async_save: bool = False,
+                 keep_latest_k: int = 0) -> None:
+        self.dir, self.enabled, self.async_save, self.keep_latest_k = Path(ckpt_dir), enabled, async_save, keep_latest_k
+        self._pending: tuple[int, Future] | None = None
+        self._pg = None
+        if enabled and async_save and _dist_on() and dist.get_world_size() > 1:
+            self._pg = dist.new_group(backend="gloo")
+
+    # --- public guards ------------------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, tp.Any]) -> None:
+        """Write ``state`` plus ``{"step": step}`` to ``<dir>/step-<step>``; collective (call on every rank).
+
+        Sync: returns once the checkpoint is complete and the pointer moved. Async: returns after staging (a copy of
+        the tensors); a previous async save is waited for first."""
+        if self.enabled:
+            self._save(step, state)
+
+    def load(self, state: dict[str, tp.Any], path: str | os.PathLike | None = "latest") -> int:
+        """Restore ``state`` in place from ``"latest"`` (newest complete checkpoint in the dir), a step dir, or None.
+
+        Returns the restored step, 0 for a fresh start (None, disabled, or "latest" with no complete checkpoint).
+
+        Raises
+        ------
+        FileNotFoundError
+            An explicit ``path`` that is not a DCP checkpoint (no ``.metadata``).
+        """
+        return self._load(state, path) if self.enabled and path is not None else 0
+
+    def wait(self) -> None:
+        """Block until an in-flight async save is complete (and the pointer moved)."""
+        if self.enabled:
+            self._wait()
+
+    def close(self) -> None:
+        """Finish pending saves and release the async process group."""
+        if self.enabled:
+            self._close()
+
+    # --- hooks --------------------------------------------------------------------------------------------------
+
+    def _save(self, step: int, state: dict[str, tp.Any]) -> None:
+        self._wait()
+        path = self.dir / step_dir_name(step)
+        if _rank() == 0:  # a leftover of an abandoned run at this step must not pass for the new checkpoint
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+        if _dist_on():
+            dist.barrier()
+        sd = {**state, TRAIN_STATE: {"step": step}}
+        if self.async_save:
+            with _single_process_ok():
+                fut = dcp.async_save(sd, checkpoint_id=str(path), process_group=self._pg)
+            self._pending = (step, tp.cast(Future, fut))
+        else:
+            with _single_process_ok():
+                dcp.save(sd, checkpoint_id=str(path))
+            self._finalize(step)
+
+    def _finalize(self, step: int) -> None:
+        """Rank 0, after DCP finished (``.metadata`` written last): marker, pointer, purge."""
+        if _rank() != 0:
+            return
+        path = self.dir / step_dir_name(step)
+        (path / COMPLETE_MARKER).write_text(f"{step}\n")
+        tmp = self.dir / f".{POINTER}.tmp"
+        tmp.write_text(step_dir_name(step) + "\n")
+        os.replace(tmp, self.dir / POINTER)
+        logger.info("checkpoint complete: %s", path)
+        self._purge(step)
+
+    def _purge(self, newest: int) -> None:
+        if self.keep_latest_k <= 0:
+            return
+        dirs = _step_dirs(self.dir)
+        keep = {s for s, p in dirs if is_complete(p)}
+        keep = set(sorted(keep)[-self.keep_latest_k:])
+        for s, p in dirs:  # older complete ones beyond K, and older half-written leftovers
+            if s not in keep and s < newest:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _load(self, state: dict[str, tp.Any], path: str | os.PathLike) -> int:
+        target = find_latest(self.dir) if str(path) == "latest" else Path(path)
+        if _dist_on() and dist.get_world_size() > 1:  # every rank loads what rank 0 saw
+            box = [target]
+            dist.broadcast_object_list(box, src=0)
+            target = box[0]
+        if target is None:
+            if _rank() == 0:
+                logger.info("no complete checkpoint in %s: fresh start", self.dir)
+            return 0
+        if not (Path(target) / METADATA).is_file():
+            raise FileNotFoundError(f"restore_from.path={str(target)!r} is not a checkpoint (no {METADATA})")
+        sd = {**state, TRAIN_STATE: {"step": 0}}
+        with _single_process_ok():
+            dcp.load(sd, checkpoint_id=str(target))
+        step = int(sd[TRAIN_STATE]["step"])
+        if _rank() == 0:
+            logger.info("restored step %d from %s", step, target)
+        return step
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            step, fut = self._pending
+            self._pending = None
+            fut.result()
+            self._finalize(step)
+
+    def _close(self) -> None:
+        self._wait()
+        if self._pg is not None:
+            dist.destroy_process_group(self._pg)
+            self._pg = None
