@@ -67,11 +67,14 @@ def _rank() -> int:
     return dist.get_rank() if _dist_on() else 0
 
 
+#: Without a process group (one rank) DCP saves/loads in this process alone, as intended here, but warns each time.
+_SINGLE_PROCESS_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+
 @contextlib.contextmanager
 def _single_process_ok() -> tp.Iterator[None]:
-    """Without a process group DCP saves/loads in this process alone, as intended here; silence its warning."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
         yield
 
 
@@ -132,6 +135,8 @@ class CheckpointManager:
         self._pg = None
         if enabled and async_save and _dist_on() and dist.get_world_size() > 1:
             self._pg = dist.new_group(backend="gloo")
+        elif enabled and async_save and not _dist_on():  # DCP warns from its background thread, out of our reach
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS_WARNING)
 
     # --- public guards ------------------------------------------------------------------------------------------
 

@@ -428,38 +428,51 @@ SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "kubernetes")
 
 @dataclass
 class SkyPilotConfig:
-    """One SkyPilot task; SPEC section 3."""
+    """One SkyPilot task per job; SPEC section 3. Spot jobs run as SkyPilot managed jobs (preemptions recovered);
+    on-demand jobs run on a named cluster (``sky.launch``). See :mod:`automodel_hydra.backends.skypilot`."""
 
+    # aws | gcp | azure | lambda | kubernetes
     cloud: str = "aws"
     # NAME:COUNT, e.g. H100:8 or A100-80GB:4; null = CPU instances
     accelerators: tp.Optional[str] = "H100:8"
+    # instances (nodes), >= 1
     num_nodes: int = 1
-    # preemptible instances, run as a SkyPilot managed job so preemptions are recovered
+    # preemptible instances, run as a SkyPilot managed job so preemptions are recovered (needs checkpoint_bucket)
     use_spot: bool = False
-    # GB per node
+    # disk per node in GB, > 0; null = SkyPilot's default
     disk_size: tp.Optional[int] = None
+    # cloud region (kubernetes: the context); null = any
     region: tp.Optional[str] = None
-    # shell run before training on every node; a failing setup fails the launch
-    setup: tp.Optional[str] = None
-    # variables for the job; "${VAR}" values travel as SkyPilot secrets, resolved at launch
+    # shell run in the workdir before training on every node, under `set -euo pipefail`: a failing line fails the launch
+    setup: tp.Optional[str] = "python -m pip install -e ."
+    # variables for the job; "${VAR}" values travel as SkyPilot secrets, resolved from this shell at launch
     env_vars: tp.Dict[str, str] = field(default_factory=dict)
-    # rendezvous port on the head node
+    # rendezvous port on the head node (each job has its own cluster)
     master_port: int = DEFAULT_MASTER_PORT
     # workers per node; null = the accelerator count (1 without accelerators)
     nproc_per_node: tp.Optional[int] = None
     # synced to every node as the working directory; null = this project's root
     workdir: tp.Optional[str] = None
-    # bucket for checkpoints, mounted at checkpoint_mount (required for spot: checkpoints must outlive the node)
-    checkpoint_bucket: tp.Optional[str] = None
+    # bucket holding the job's output dir and checkpoints, mounted at checkpoint_mount (MOUNT_CACHED): a bucket name
+    # (created by SkyPilot when missing), a URI (s3://b, gs://b/prefix, ...), "auto" (a per-user bucket when the job
+    # needs one: use_spot or num_nodes > 1; else the node's disk) or null (node disk; not allowed with use_spot)
+    checkpoint_bucket: tp.Optional[str] = "auto"
+    # store for a bucket given by name (s3, gcs, azure, r2, ...); null = the task's cloud
     checkpoint_store: tp.Optional[str] = None
+    # where the bucket is mounted on every node (absolute)
     checkpoint_mount: str = "/checkpoints"
-    # on-demand only: cluster name (null = derived from the job name) and its lifetime after the job
+    # the run's name on the cloud: task / managed job name, bucket dir (a recovered or relaunched job with the same
+    # name resumes there) and default cluster name; null = <job name>-<hash of the output dir>; sweeps add -<num>
+    run_name: tp.Optional[str] = None
+    # on-demand only: cluster name (null = run_name) and its lifetime after the job
     cluster_name: tp.Optional[str] = None
+    # on-demand only: stop the cluster after this many idle minutes (null = never)
     idle_minutes_to_autostop: tp.Optional[int] = None
+    # on-demand only: tear the cluster down after the job (after idle_minutes_to_autostop when set)
     down: bool = False
     # managed (spot) jobs: also restart after this many user-code failures (preemptions are always recovered)
     max_restarts_on_errors: int = 0
-    # wait for the job and return its result (sweeps); false = return right after launch
+    # wait for the job(s) and return their final state (single runs and sweeps); false = return right after launch
     wait: bool = True
     # not supported here: requeue is a Slurm feature; spot recovery is use_spot=true
     max_requeues: tp.Optional[int] = None
@@ -472,12 +485,30 @@ class SkyPilotConfig:
         _positive("skypilot.num_nodes", self.num_nodes)
         _positive("skypilot.disk_size", self.disk_size)
         _positive("skypilot.nproc_per_node", self.nproc_per_node)
+        _positive("skypilot.idle_minutes_to_autostop", self.idle_minutes_to_autostop, 0)
         _check_port("skypilot.master_port", self.master_port)
         _require(self.max_restarts_on_errors >= 0, "skypilot.max_restarts_on_errors", self.max_restarts_on_errors,
                  "must be >= 0")
         _require(self.max_requeues is None, "skypilot.max_requeues", self.max_requeues,
                  "requeue is a Slurm feature; on SkyPilot use skypilot.use_spot=true (a managed job recovers "
                  "preemptions) and skypilot.max_restarts_on_errors for failures")
+        bucket = self.checkpoint_bucket
+        _require(bucket is not None or not self.use_spot, "skypilot.checkpoint_bucket", bucket,
+                 "spot jobs need checkpoints on storage that outlives the instance: a bucket name, a URI "
+                 "(s3://..., gs://...) or 'auto' (skypilot.use_spot=true)")
+        if bucket is not None and bucket != "auto":
+            ok = re.fullmatch(_BUCKET_NAME, bucket) or re.fullmatch(r"[a-z0-9]+://[^\s]+", bucket)
+            _require(bool(ok), "skypilot.checkpoint_bucket", bucket,
+                     "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
+            _require(self.checkpoint_store is None or "://" not in bucket, "skypilot.checkpoint_store",
+                     self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme names the store)")
+        mount = self.checkpoint_mount
+        _require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
+                 "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
+        for key in ("run_name", "cluster_name"):
+            value = getattr(self, key)
+            _require(value is None or bool(re.fullmatch(_SKY_NAME, value)), f"skypilot.{key}", value,
+                     "lowercase letters, digits and '-', starting with a letter, at most 40 characters")
 
     @property
     def gpus_per_node(self) -> int:
@@ -485,6 +516,11 @@ class SkyPilotConfig:
             return 0
         _, _, count = str(self.accelerators).partition(":")
         return int(count or 1)
+
+
+#: S3/GCS bucket names; SkyPilot cluster/job names as this launcher makes them (a subset of what SkyPilot accepts).
+_BUCKET_NAME = r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]"
+_SKY_NAME = r"[a-z](?:[a-z0-9-]{0,38}[a-z0-9])?"
 
 
 # ----------------------------------------------------------------------------------------------- top level

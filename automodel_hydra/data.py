@@ -86,7 +86,8 @@ class ShardedWindows:
 
     def window_ids(self, step: int, micro: int = 0) -> list[int]:
         """Window indices (into the text) of :meth:`sample_ids`; epochs reshuffle with a seeded permutation."""
-        return [int(self._permutation(i // self.num_windows)[i % self.num_windows]) for i in self.sample_ids(step, micro)]
+        n = self.num_windows
+        return [int(self._permutation(i // n)[i % n]) for i in self.sample_ids(step, micro)]
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)``, each int64 of shape ``[batch_size, seq_len]``; ``targets[:, t] = inputs[:, t+1]``

@@ -20,7 +20,8 @@ import typing as tp
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from automodel_hydra import backends, config
 from automodel_hydra.plan import JobFailedError, JobResult, JobSpec, Plan, Submission, write_plan_files, write_record
@@ -51,7 +52,9 @@ def job_spec_from_hydra() -> JobSpec:
     return JobSpec(
         job_dir=Path(hc.runtime.output_dir).resolve(),
         job_name=hc.job.name,
-        overrides=tuple(hc.overrides.task),
+        # resolve=False: an override such as '++slurm.env_vars.HF_TOKEN=${HF_TOKEN}' is text, not an interpolation
+        # (edited by the Slurm backend's author: iterating the ListConfig resolved it and failed)
+        overrides=tuple(OmegaConf.to_container(hc.overrides.task, resolve=False)),
         job_num=hc.job.num if hc.mode == RunMode.MULTIRUN else None,
     )
 
@@ -72,8 +75,12 @@ def plan_job(cfg: DictConfig, job: JobSpec | None = None) -> Plan:
 def run(cfg: DictConfig) -> tp.Any:
     """``python train.py``: plan this job, then print it (dry run), hand it to the sweep launcher, or submit it.
 
-    Returns the final training loss when the job was waited for, else None."""
-    plan = plan_job(cfg)
+    Returns the final training loss when the job was waited for, else None. A bad config value exits with a
+    one-line error naming the key (status 2) before anything is written or started."""
+    try:
+        plan = plan_job(cfg)
+    except (config.ConfigError, OmegaConfBaseException) as e:
+        fail(str(e).splitlines()[0] if isinstance(e, config.ConfigError) else str(e))
     collector = _COLLECTOR.get()
     if cfg.dry_run:
         print(plan.render())
@@ -159,12 +166,15 @@ def execute(plans: tp.Sequence[Plan], sweep_dir: Path) -> dict[Path, tuple[Submi
         subs += submit(group)
     write_manifest(sweep_dir, subs)
     out: dict[Path, tuple[Submission, JobResult | None]] = {}
-    for group_subs in _by_backend(subs):
-        waited = [s for s in group_subs if should_wait(s.plan)]
-        results = backends.get(group_subs[0].plan.backend).wait(waited) if waited else []
-        by_dir = {s.plan.job.job_dir: r for s, r in zip(waited, results)}
-        for s in group_subs:
-            out[s.plan.job.job_dir] = (s, by_dir.get(s.plan.job.job_dir))
+    from automodel_hydra.progress import sweep_progress  # issue 6: jobs submitted/running/done while waiting
+
+    with sweep_progress([s for s in subs if should_wait(s.plan)]):
+        for group_subs in _by_backend(subs):
+            waited = [s for s in group_subs if should_wait(s.plan)]
+            results = backends.get(group_subs[0].plan.backend).wait(waited) if waited else []
+            by_dir = {s.plan.job.job_dir: r for s, r in zip(waited, results)}
+            for s in group_subs:
+                out[s.plan.job.job_dir] = (s, by_dir.get(s.plan.job.job_dir))
     return out
 
 

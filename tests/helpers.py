@@ -1,0 +1,43 @@
+"""Helpers shared by tests: compose the project's real configs, run train.py as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import typing as tp
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+def compose_cfg(overrides: tp.Sequence[str] = (), output_dir: str | Path = "/tmp/automodel-test") -> DictConfig:
+    """The composed ``llm_finetune`` config with Hydra's config set, as inside a job."""
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("llm_finetune", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+        cfg.hydra.job.name = "train"
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def train_py(*args: str, env: tp.Mapping[str, str] | None = None, timeout: float = 300,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``python train.py ARGS`` in a subprocess; returns the completed process (stdout+stderr merged)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], env={**os.environ, **(env or {})},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict[str, tp.Any]]:
+    """The rows of ``run_dir/metrics.jsonl``."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]

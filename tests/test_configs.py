@@ -1,0 +1,120 @@
+"""Config composition: every launcher x profile, typed-schema errors, AutoModel aliases and routing."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf.errors import ConfigKeyError, ValidationError
+from hydra.errors import ConfigCompositionException
+
+from automodel_hydra import config
+from automodel_hydra.config import ConfigError, parse_slurm_time
+from tests.helpers import compose_cfg
+
+
+@pytest.mark.parametrize("launcher", ["interactive", "slurm", "skypilot"])
+@pytest.mark.parametrize("profile", ["none", "nsys"])
+def test_every_launcher_and_profile_composes(launcher: str, profile: str, tmp_path) -> None:
+    cfg = compose_cfg([f"launcher={launcher}", f"profile={profile}"], tmp_path)
+    train_cfg = config.load(cfg)
+    assert train_cfg.backend == launcher
+    assert train_cfg.profile.nsys.enabled is (profile == "nsys")
+    assert train_cfg.output_dir == str(tmp_path)
+    assert cfg.hydra.launcher._target_.endswith({"interactive": "InteractiveLauncher", "slurm": "SlurmLauncher",
+                                                 "skypilot": "SkyPilotLauncher"}[launcher])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("slurm.nodez=3", "nodez"),
+    ("step_scheduler.max_stepz=3", "max_stepz"),
+    ("+optim.betas=3", "betas"),
+])
+def test_unknown_key_fails_before_start_naming_it(override: str, key: str, tmp_path) -> None:
+    # plain overrides fail while Hydra composes; "+key" is added by Hydra and then fails the typed load
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as e:
+        config.load(compose_cfg(["launcher=slurm", override], tmp_path))
+    assert key in str(e.value) + str(e.value.__cause__)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("slurm.nodes=two", "nodes"),
+    ("skypilot.use_spot=maybe", "use_spot"),
+    ("step_scheduler.max_steps=1.5", "max_steps"),
+])
+def test_wrong_type_fails_at_compose_naming_it(override: str, key: str) -> None:
+    launcher = "skypilot" if override.startswith("skypilot") else "slurm"
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        compose_cfg([f"launcher={launcher}", override])
+    assert key in str(e.value) + str(e.value.__cause__)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("slurm.nodes=0", "slurm.nodes"),
+    ("slurm.ntasks_per_node=-1", "slurm.ntasks_per_node"),
+    ("slurm.time=abc", "slurm.time"),
+    ("slurm.time=-5", "slurm.time"),
+    ("slurm.time=00:03:00", "slurm.time"),
+    ("slurm.master_port=70000", "slurm.master_port"),
+    ("interactive.nproc_per_node=0", "interactive.nproc_per_node"),
+    ("step_scheduler.checkpoint_interval=0", "step_scheduler.checkpoint_interval"),
+    ("restore_from.path=/nonexistent/ckpt", "restore_from.path"),
+    ("+interactive.max_requeues=2", "interactive.max_requeues"),
+])
+def test_bad_values_name_the_key(override: str, key: str, tmp_path) -> None:
+    launcher = "slurm" if override.startswith("slurm") else "interactive"
+    cfg = compose_cfg([f"launcher={launcher}", override.lstrip("+")], tmp_path)
+    with pytest.raises(ConfigError) as e:
+        config.load(cfg)
+    assert key in str(e.value)
+
+
+@pytest.mark.parametrize("text, minutes", [
+    ("1-00:00:00", 1440), ("90", 90), (90, 90), ("00:30:30", 31), ("10:30", 11), ("2-12", 3600), ("1-1:1", 1501),
+])
+def test_slurm_time_forms(text: str | int, minutes: int) -> None:
+    assert parse_slurm_time(text) == minutes
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "-5", "1:2:3:4", "", "UNLIMITED", "00:00:00"])
+def test_slurm_time_rejected(text: str) -> None:
+    with pytest.raises(ConfigError, match="slurm.time"):
+        parse_slurm_time(text)
+
+
+def test_automodel_aliases(tmp_path) -> None:
+    ckpt = tmp_path / "step-3"
+    ckpt.mkdir()
+    cfg = config.load(compose_cfg(["step_scheduler.ckpt_every_steps=7", f"checkpoint.restore_from={ckpt}"], tmp_path))
+    assert cfg.step_scheduler.checkpoint_interval == 7
+    assert cfg.restore_from.path == str(ckpt)
+
+
+def test_automodel_style_config_routes_by_section(tmp_path) -> None:
+    plain = config.load({"output_dir": str(tmp_path)})
+    assert plain.backend == "interactive"
+    slurm = config.load({"output_dir": str(tmp_path), "slurm": {"nodes": 2, "ntasks_per_node": 8}})
+    assert slurm.backend == "slurm" and slurm.slurm.world_size == 16
+    sky = config.load({"output_dir": str(tmp_path), "skypilot": {"cloud": "gcp"}})
+    assert sky.backend == "skypilot"
+    with pytest.raises(ConfigError, match="slurm/skypilot"):
+        config.load({"output_dir": str(tmp_path), "slurm": {}, "skypilot": {}})
+
+
+def test_env_var_references_stay_references(tmp_path) -> None:
+    cfg = compose_cfg(["launcher=slurm", "++slurm.env_vars.HF_TOKEN=${HF_TOKEN}", "++slurm.env_vars.MODE=fast"],
+                      tmp_path)
+    train_cfg = config.load(cfg)
+    env = {e.name: e for e in config.parse_env_vars(train_cfg.slurm.env_vars, "slurm.env_vars")}
+    assert env["HF_TOKEN"].ref == "HF_TOKEN" and env["HF_TOKEN"].literal is None
+    assert env["MODE"].literal == "fast"
+    assert env["HF_TOKEN"].resolve({"HF_TOKEN": "tok"}) == "tok"
+
+
+def test_bare_variable_name_warns() -> None:
+    with pytest.warns(UserWarning, match=r"\$\{HF_TOKEN\}"):
+        (e,) = config.parse_env_vars({"HF_TOKEN": "HF_TOKEN"}, "slurm.env_vars")
+    assert e.literal == "HF_TOKEN"
+
+
+def test_unknown_key_in_plain_dict_is_rejected(tmp_path) -> None:
+    with pytest.raises(ConfigKeyError, match="nodez"):
+        config.load({"output_dir": str(tmp_path), "slurm": {"nodez": 2}})

@@ -1,0 +1,74 @@
+"""The interactive launcher for real: torchrun with 2 CPU ranks, resume, failures, ports, dry runs."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from automodel_hydra.backends.interactive import free_port, resolve_nproc
+from tests.helpers import metrics, train_py
+
+
+@pytest.mark.slow
+def test_two_ranks_train_then_resume_continues_from_newest_checkpoint(tmp_path) -> None:
+    run = tmp_path / "R"
+    common = [f"hydra.run.dir={run}", "step_scheduler.checkpoint_interval=10", "step_scheduler.log_interval=1",
+              "interactive.nproc_per_node=2"]
+    train_py(*common, "step_scheduler.max_steps=30")
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert {r["world_size"] for r in rows} == {2}
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.5, f"loss did not fall: {first:.3f} -> {last:.3f}"
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-30"
+    assert (run / ".hydra" / "config.yaml").exists()
+
+    out = train_py(*common, "step_scheduler.max_steps=40").stdout
+    assert "step-30" in out  # resumed from the newest checkpoint
+    steps = [r["step"] for r in metrics(run)]
+    assert steps == list(range(1, 41)), "every step from 1 to 40 exactly once"
+    # only the driver made Hydra dirs: no stray timestamped output dirs from the ranks
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [".hydra", "checkpoints", "launch"]
+
+
+@pytest.mark.slow
+def test_failing_rank_fails_the_command_and_shows_its_error(tmp_path) -> None:
+    proc = train_py(f"hydra.run.dir={tmp_path}", "model.name_or_path=/nonexistent/model-dir",
+                    "interactive.nproc_per_node=2", check=False)
+    assert proc.returncode != 0
+    assert "/nonexistent/model-dir" in proc.stdout  # the rank's own error reaches the user
+    assert "ended FAILED" in proc.stdout
+    assert not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_taken_port_moves_to_next_free_one_and_dry_run_script_runs_by_hand(tmp_path) -> None:
+    base = free_port(23000)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base))
+        busy.listen()
+        run = tmp_path / "R"
+        args = [f"hydra.run.dir={run}", "step_scheduler.max_steps=2", "step_scheduler.log_interval=1",
+                "interactive.nproc_per_node=1", f"interactive.master_port={base}"]
+        out = train_py(*args, "dry_run=true").stdout
+        assert "torchrun.sh" in out and "nothing was submitted" in out
+        assert not (run / "metrics.jsonl").exists()
+        out = train_py(*args).stdout
+        assert f"rendezvous port {base + 1}" in out
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+    # the written plan is the exact command: running it by hand trains too
+    by_hand = tmp_path / "by_hand"
+    train_py(f"hydra.run.dir={by_hand}", "step_scheduler.max_steps=2", "step_scheduler.log_interval=1",
+             "interactive.nproc_per_node=1", "dry_run=true")
+    subprocess.run(["bash", str(by_hand / "launch" / "torchrun.sh")], check=True, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin", "MASTER_PORT": str(free_port(24000))}, timeout=120)
+    assert [r["step"] for r in metrics(by_hand)] == [1, 2]
+
+
+@pytest.mark.parametrize("value, gpus, cpus, expected", [
+    ("auto", 0, 2, 2), ("auto", 8, 2, 8), ("3", 0, 2, 3), ("1", 8, 64, 1),
+])
+def test_nproc_per_node(value: str, gpus: int, cpus: int, expected: int) -> None:
+    assert resolve_nproc(value, gpus, cpus) == expected
