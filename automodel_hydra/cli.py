@@ -81,37 +81,56 @@ def job_state(record: Record) -> tuple[str, str]:
 def _console() -> tp.Any:
     from rich.console import Console
 
-    # a wide console when piped, so that rows stay one line each (and greppable)
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    # piped: as wide as the rows need, so that each row stays one line (greppable)
+    return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
 def _ids(record: Record) -> str:
     return ",".join(map(str, record.get("job_ids") or [])) or "-"
 
 
+def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
+    """The overrides every job shares, and per job the ones that vary (what tells the jobs of a sweep apart)."""
+    sets = [set(r.get("overrides", [])) for r in records]
+    common = set.intersection(*sets) if len(sets) > 1 else set()
+    shared = [o for o in records[0].get("overrides", []) if o in common]
+    return shared, {job_num(r): " ".join(o for o in r.get("overrides", []) if o not in common) or "-" for r in records}
+
+
+def _table(title: str, shared: list[str]) -> tp.Any:
+    from rich.table import Table
+
+    from rich.text import Text
+
+    caption = Text(f"every job: {' '.join(shared)}") if shared else None
+    return Table(title=Text(title), title_justify="left", caption=caption, caption_justify="left")
+
+
 # ----------------------------------------------------------------------------------------------- commands
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    records = load_records(args.dir)
+    shared, varying = split_overrides(records)
     rows = []
-    for rec in load_records(args.dir):
+    for rec in records:
         state, note = job_state(rec)
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
                      "job_ids": rec.get("job_ids") or [], "state": state, "note": note, "job_dir": rec["job_dir"]})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.table import Table
+    from rich.text import Text  # plain text, never markup: overrides may hold "[...]"
 
-    table = Table(title=f"{args.dir}: {len(rows)} job(s)", title_justify="left")
+    table = _table(f"{args.dir}: {len(rows)} job(s)", shared)
     for name in ("job", "overrides", "backend", "id", "state"):
         table.add_column(name, no_wrap=name != "overrides", justify="right" if name == "job" else "left")
     if any(r["note"] for r in rows):
         table.add_column("note")
     for r in rows:
-        state = f"[{_STYLE.get(r['state'], '')}]{r['state']}[/]"
-        cells = [str(r["job"]), " ".join(r["overrides"]) or "-", r["backend"], ",".join(r["job_ids"]) or "-", state]
-        table.add_row(*cells, *([r["note"]] if len(table.columns) > 5 else []))
+        cells = [str(r["job"]), varying[r["job"]], r["backend"], ",".join(r["job_ids"]) or "-"]
+        notes = [r["note"]] if len(table.columns) > 5 else []
+        table.add_row(*map(Text, cells), Text(r["state"], style=_STYLE[r["state"]]), *map(Text, notes))
     _console().print(table)
     return 0
 
@@ -192,19 +211,13 @@ def read_metrics(job_dir: Path) -> list[dict[str, tp.Any]]:
     return rows
 
 
-def varying_overrides(records: list[Record]) -> dict[int, str]:
-    """Per job, only the overrides that differ across the sweep (short plot labels)."""
-    sets = [set(r.get("overrides", [])) for r in records]
-    common = set.intersection(*sets) if sets else set()
-    return {job_num(r): " ".join(o for o in r.get("overrides", []) if o not in common) or f"job {job_num(r)}"
-            for r in records}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     records = load_records(args.dir)
     out_dir = Path(args.out) if args.out else Path(args.dir) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    labels = varying_overrides(records)
+    shared, labels = split_overrides(records)
     rows, curves = [], {}
     for rec in records:
         job_dir = Path(rec["job_dir"])
@@ -212,19 +225,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         result_file = job_dir / "result.json"
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
         last = metrics[-1] if metrics else {}
-        rows.append({"job": job_num(rec), "overrides": " ".join(rec.get("overrides", [])),
+        rows.append({"job": job_num(rec), "overrides": labels[job_num(rec)],
                      "completed": bool(result), "step": result.get("step", last.get("step")),
                      "loss": result.get("loss", last.get("loss")), "val_loss": result.get("val_loss"),
                      "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s")),
                      "world_size": result.get("world_size", last.get("world_size"))})
         if metrics:
-            curves[labels[job_num(rec)]] = ([m["step"] for m in metrics], [m["loss"] for m in metrics])
+            curves[f"{job_num(rec)}: {labels[job_num(rec)]}"] = ([m["step"] for m in metrics], [m["loss"] for m in metrics])
     csv_path = out_dir / "final_metrics.csv"
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    _print_report(args.dir, rows)
+    _print_report(args.dir, rows, shared)
     if not curves:
         print(f"no metrics.jsonl in any job yet; wrote {csv_path}", file=sys.stderr)
         return 1
@@ -237,15 +250,16 @@ def _fmt(value: tp.Any, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
 
 
-def _print_report(title: str, rows: list[dict[str, tp.Any]]) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"{title}: final metrics", title_justify="left")
+def _print_report(title: str, rows: list[dict[str, tp.Any]], shared: list[str]) -> None:
+    table = _table(f"{title}: final metrics", shared)
     for name in ("job", "overrides", "completed", "step", "loss", "val_loss", "tokens/s", "world_size"):
         table.add_column(name, justify="left" if name == "overrides" else "right", no_wrap=name != "overrides")
+    from rich.text import Text
+
     for r in rows:
-        table.add_row(str(r["job"]), r["overrides"] or "-", "yes" if r["completed"] else "[red]no[/]", _fmt(r["step"]),
-                      _fmt(r["loss"]), _fmt(r["val_loss"]), _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["world_size"]))
+        done = Text("yes") if r["completed"] else Text("no", style="red")
+        table.add_row(str(r["job"]), Text(r["overrides"]), done, _fmt(r["step"]), _fmt(r["loss"]), _fmt(r["val_loss"]),
+                      _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["world_size"]))
     _console().print(table)
 
 
@@ -255,11 +269,13 @@ def plot_losses(curves: dict[str, tuple[list[int], list[float]]], path: Path, ti
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
     for label, (steps, losses) in curves.items():
         ax.plot(steps, losses, label=label, marker="o" if len(steps) <= 20 else None, markersize=3)
     ax.set(xlabel="step", ylabel="training loss", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if len(curves) <= 20:  # beyond that a legend hides the plot; the CSV names every job
         ax.legend(fontsize="small")
@@ -272,9 +288,10 @@ def plot_losses(curves: dict[str, tuple[list[int], list[float]]], path: Path, ti
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="automodel-hydra", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\n\n")[1].splitlines()))
+    usage, about = __doc__.split("\n\n")[1:3]
+    parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="Operate runs and sweeps after launch.\n\n" + usage,
+                                     epilog=about.replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("status", help="one row per job with its state from the scheduler")
     p.add_argument("dir", help="run or sweep dir")

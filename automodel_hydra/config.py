@@ -408,6 +408,14 @@ class SlurmConfig:
                  f"must be longer than slurm.signal_delay_s={self.signal_delay_s}s, the checkpoint margin before "
                  "the limit (raise slurm.time or lower slurm.signal_delay_s)")
         self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]") for i, m in enumerate(self.extra_mounts)]
+        # issue 7: #SBATCH values are one line each (sbatch reads one option per line); name the field, not the line
+        one_line = {k: getattr(self, k) for k in ("job_name", "account", "partition", "qos", "constraint", "exclude",
+                                                   "mem")}
+        one_line.update({f"sbatch_args.{k}": v for k, v in self.sbatch_args.items()})
+        for key, value in one_line.items():
+            option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
+            _require(not (isinstance(value, str) and ("\n" in value or "\r" in value)), f"slurm.{key}", value,
+                     f"a single line: sbatch reads one option per line (#SBATCH --{option})")
         for key in ("nemo_mount",):
             value = getattr(self, key)
             if value is not None:
@@ -501,7 +509,7 @@ class SkyPilotConfig:
             _require(bool(ok), "skypilot.checkpoint_bucket", bucket,
                      "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
             _require(self.checkpoint_store is None or "://" not in bucket, "skypilot.checkpoint_store",
-                     self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme names the store)")
+                     self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme is the store)")
         mount = self.checkpoint_mount
         _require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
                  "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")

@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config
+from automodel_hydra import backends, config, profile
 from automodel_hydra.plan import JobFailedError, JobResult, JobSpec, Plan, Submission, write_plan_files, write_record
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ def plan_job(cfg: DictConfig, job: JobSpec | None = None) -> Plan:
     Raises ConfigError (naming the key) before anything is written when a value is invalid."""
     train_cfg = config.load(cfg)
     job = job or job_spec_from_hydra()
+    limit = train_cfg.slurm.time_minutes if train_cfg.slurm is not None else None
+    warning = profile.long_run_warning(train_cfg.profile.nsys, train_cfg.step_scheduler.max_steps, limit)
+    if warning:
+        log.warning(warning)
     plan = backends.get(train_cfg.backend).plan(train_cfg, job)
     job.launch_dir.mkdir(parents=True, exist_ok=True)
     job.job_file.write_text(yaml.safe_dump(config.to_dict(train_cfg), sort_keys=False))
@@ -82,7 +86,8 @@ def run(cfg: DictConfig) -> tp.Any:
     except (config.ConfigError, OmegaConfBaseException) as e:
         fail(str(e).splitlines()[0] if isinstance(e, config.ConfigError) else str(e))
     collector = _COLLECTOR.get()
-    if cfg.dry_run:
+    # issue 7: select, not cfg.dry_run: a plain AutoModel-style config (no defaults list) has no dry_run key
+    if OmegaConf.select(cfg, "dry_run", default=False):
         print(plan.render())
         print(f"dry run: wrote {plan.job.launch_dir}; nothing was submitted or started", flush=True)
         if collector is not None:  # the sweep's own plan (e.g. one Slurm array) is written by the launcher

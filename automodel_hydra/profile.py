@@ -28,3 +28,29 @@ def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_va
     if nsys.duration_s is not None:
         argv.append(f"--duration={nsys.duration_s}")
     return argv + list(nsys.extra_args)
+
+
+#: Profiled runs longer than this many steps get a warning: nsys adds overhead and large reports.
+LONG_PROFILED_RUN_STEPS = 200
+
+
+def nsys_check_lines(nsys: NsysConfig) -> list[str]:
+    """Shell lines that stop the job at start with a clear error when ``nsys`` is not on PATH where it runs."""
+    if not nsys.enabled:
+        return []
+    return ['command -v nsys >/dev/null 2>&1 || { echo "error: profile.nsys.enabled=true (profile=nsys) but nsys '
+            '(Nsight Systems) is not on PATH on $(hostname): install Nsight Systems or load its module '
+            '(e.g. module load nsight-systems)" >&2; exit 127; }']
+
+
+def long_run_warning(nsys: NsysConfig, max_steps: int, time_limit_min: int | None = None) -> str | None:
+    """A warning for a profiled run that is long (many steps or a long time limit); None when it is short."""
+    if not nsys.enabled:
+        return None
+    long_steps = max_steps > LONG_PROFILED_RUN_STEPS
+    long_time = time_limit_min is not None and time_limit_min > 60
+    if not (long_steps or long_time):
+        return None
+    what = f"step_scheduler.max_steps={max_steps}" if long_steps else f"a {time_limit_min}-minute time limit"
+    return (f"profiling a long run ({what}): nsys is diagnostic, adds overhead and writes large reports; capture "
+            f"steps {nsys.start_step}..{nsys.stop_step} in a short run and profile=none for production training")

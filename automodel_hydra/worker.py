@@ -53,6 +53,24 @@ class StopFlag:
         return self.signum is not None
 
 
+def stop_when_parent_dies(signum: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``signum`` to this rank when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    issue 7: torchrun starts every rank in a session of its own, so when the agent is killed outright (SIGKILL, the
+    OOM killer) nothing stops the ranks: they trained on unattended, writing into the run dir while a rerun started.
+    With SIGTERM as the death signal they checkpoint at the next step boundary and exit, as on any stop signal."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signum), 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed: this rank will outlive a killed torchrun agent")
+    elif os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signum)
+
+
 def setup_logging(rank: int, log_file: str | None) -> None:
     """Rank 0 logs INFO to stderr and appends to the job log; other ranks log warnings only."""
     fmt = f"[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
@@ -95,6 +113,8 @@ def run(job_file: str | Path, log_file: str | None = None) -> dict[str, tp.Any]:
     from automodel_hydra.recipes import llm_finetune
 
     stop = StopFlag().install()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # issue 7: started by torchrun
+        stop_when_parent_dies()
     env = DistEnv.from_environ()
     setup_logging(env.rank, log_file)
     cfg = config.load(OmegaConf.load(job_file))

@@ -1,3 +1,30 @@
 """Shared fixtures. The real Slurm test cluster comes from tests/slurm_cluster.py (session-scoped)."""
 
+import pytest
+from pathlib import Path
+
 pytest_plugins = ["tests.slurm_cluster"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_hydra_singletons(hydra_restore_singletons: None) -> None:
+    """Every test starts from Hydra's pristine global state (HydraConfig, ConfigStore): tests that compose
+    configs set HydraConfig, which would otherwise leak into Hydra's own launcher suites."""
+
+
+# ----------------------------------------------------------------------------------------------- weird paths (issue 7)
+
+
+#: A file name that is code if a shell reads it unquoted: spaces, both quotes, ";", "$( )", backticks, a backslash,
+#: "$HOME" and a newline. Run from the test's tmp dir, a leak leaves MARK* files there.
+WEIRD_NAME = "we ird 'q' \"dq\" ; touch MARK1 $(touch MARK2) `touch MARK3` \\ $HOME\nnl"
+
+
+@pytest.fixture
+def weird_path(tmp_path: Path) -> Path:
+    """``tmp_path / WEIRD_NAME``, created (as submitit's ``weird_tmp_path``, all the cases in one name: each use
+    is a real run). ``weird_path.with_name(weird_path.name.replace("\\n", " "))`` for sbatch, which cannot take a
+    newline in ``#SBATCH --output``."""
+    path = tmp_path / WEIRD_NAME
+    path.mkdir()
+    return path

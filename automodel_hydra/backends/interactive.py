@@ -24,12 +24,13 @@ from pathlib import Path
 
 from automodel_hydra.config import TrainConfig
 from automodel_hydra.plan import JobResult, JobSpec, Plan, Submission, worker_argv
-from automodel_hydra.profile import nsys_prefix
+from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 
 log = logging.getLogger(__name__)
 
 NAME = "interactive"
 SCRIPT = "torchrun.sh"
+CANCELLED_MARK = "cancelled"  # issue 6: written by cancel(record); torchrun itself exits 1 on SIGTERM
 
 
 def cuda_device_count() -> int:
@@ -74,9 +75,11 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
     tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
     lines = [
         "#!/usr/bin/env bash",
-        f"# {job.job_name}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
+        # issue 7: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
+        f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
         "# MASTER_PORT is chosen free at start (base interactive.master_port) and logged.",
         "set -euo pipefail",
+        *nsys_check_lines(cfg.profile.nsys),
         f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
         "exec " + shlex.join(torchrun) + ' --master_port="${MASTER_PORT:-' + str(ic.master_port) + '}" '
@@ -134,12 +137,16 @@ class _Scheduler:
                     if len(running) >= self.max_parallel or (running and need > len(free)):
                         break
                     pending.pop(0)
+                    if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # issue 6: cancelled while queued
+                        self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
+                        continue
                     devices, free = free[:need], free[need:]
                     port = free_port(self.plans[i].payload.master_port, ports)
                     ports.add(port)
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
                     for i in pending:
+                        (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # issue 6: status says so later
                         self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
                     pending = []
                 self.cond.wait(timeout=0.2)
@@ -172,8 +179,9 @@ class _Scheduler:
         """SIGTERM every running torchrun group (workers checkpoint and exit); queued jobs never start."""
         with self.cond:
             self.cancelled = True
-            for proc in self.procs.values():
+            for i, proc in self.procs.items():
                 if proc.poll() is None:
+                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # issue 6: CANCELLED, not FAILED
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGTERM)
             self.cond.notify_all()
@@ -187,12 +195,15 @@ def _result(plan: Plan, returncode: int) -> JobResult:
     out = plan.job.launch_dir / "torchrun.out"
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-    state = "CANCELLED" if returncode in (-signal.SIGTERM, 143) else "FAILED"
+    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()  # issue 6
+    state = "CANCELLED" if cancelled else "FAILED"
     return JobResult(state, error=f"torchrun exited with {returncode} (job dir {plan.job.job_dir}){tail}")
 
 
 def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
     """Start the planned torchrun groups (packed onto free devices). Returns at once; see :func:`wait`."""
+    for p in plans:  # issue 6: a rerun in the same dir starts uncancelled
+        (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
     sched = _Scheduler(plans, quiet=len(plans) > 1)
     sched.start()
     return [Submission(p, ids=[], log_path=str(p.job.log_file), handle=(sched, f)) for p, f in zip(plans, sched.futures)]
@@ -200,6 +211,7 @@ def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
 
 def wait(subs: tp.Sequence[Submission]) -> list[JobResult]:
     """Block until every job ends. Ctrl-C / SIGTERM stops the workers with a checkpoint, then re-raises."""
+    restore = _raise_on_termination()
     try:
         return [s.handle[1].result() for s in subs]
     except BaseException:
@@ -208,6 +220,31 @@ def wait(subs: tp.Sequence[Submission]) -> list[JobResult]:
         for s in subs:
             s.handle[1].result(timeout=120)
         raise
+    finally:
+        restore()
+
+
+def _raise_on_termination() -> tp.Callable[[], None]:
+    """issue 7: Python's default SIGTERM/SIGHUP action kills this process at once, and the torchrun groups (own
+    sessions) would train on unattended. Turn the first such signal into SystemExit(128 + signum), so :func:`wait`
+    stops the workers with a checkpoint first; later ones are ignored while it does. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not fired:
+            fired.append(signum)
+            log.warning("caught %s: stopping the workers with a checkpoint", signal.Signals(signum).name)
+            raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    return restore
 
 
 def status(record: dict[str, tp.Any]) -> str:
@@ -217,10 +254,10 @@ def status(record: dict[str, tp.Any]) -> str:
         return "COMPLETED"
     pid = _pid(job_dir)
     if pid is None:
-        return "PENDING"
+        return "CANCELLED" if (job_dir / "launch" / CANCELLED_MARK).exists() else "PENDING"  # issue 6
     if Path(f"/proc/{pid}").exists():
         return "RUNNING"
-    return "FAILED"
+    return "CANCELLED" if (job_dir / "launch" / CANCELLED_MARK).exists() else "FAILED"  # issue 6: torchrun exits 1
 
 
 def _pid(job_dir: Path) -> int | None:
@@ -230,6 +267,7 @@ def _pid(job_dir: Path) -> int | None:
 
 def cancel(record: dict[str, tp.Any]) -> None:
     """SIGTERM the job's torchrun process group (workers checkpoint at the next step, then exit)."""
+    (Path(record["job_dir"]) / "launch" / CANCELLED_MARK).touch()  # issue 6: read by status and by the queue
     pid = _pid(Path(record["job_dir"]))
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):

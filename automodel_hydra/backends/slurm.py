@@ -21,6 +21,11 @@ submitit.core._submit``). Why:
 So ``job.result()`` is not used: rank 0 writes ``<job dir>/result.json`` (atomic) and :func:`wait` reads it once
 the job's state is COMPLETED.
 
+Files: ``launch/sbatch.sh`` in a job dir is the script that was submitted. A sweep job's plan is first its own
+one-job script (what a dry run leaves; ``sbatch`` it to rerun that point alone); on submission it is replaced by
+the array script, which is also ``<sweep dir>/launch/sbatch.sh``. Logs: ``slurm/<id>_<rank>_log.out`` in the job
+dir (arrays: ``slurm/<array id>_<task>_<rank>_log.out`` in the sweep dir).
+
 Runtime contract (set in the script, read by :mod:`automodel_hydra.bootstrap`): MASTER_ADDR = first host of
 ``scontrol show hostnames "$SLURM_JOB_NODELIST"``; MASTER_PORT = ``slurm.master_port + SLURM_JOB_ID % 1000``,
 computed once in the batch step so every task of a job agrees, different for jobs (array tasks included) that
@@ -29,6 +34,7 @@ share a node, moved up by 1000 while a port is already in use on the master node
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import json
@@ -43,10 +49,10 @@ import time
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.config import TrainConfig, parse_env_vars
+from automodel_hydra.config import SlurmConfig, TrainConfig, parse_env_vars
 from automodel_hydra.envvars import export_lines
 from automodel_hydra.plan import FINISHED, JobResult, JobSpec, Plan, Submission, worker_argv
-from automodel_hydra.profile import nsys_prefix
+from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +92,11 @@ class Payload:
 
 def _sh(arg: str) -> str:
     """Quote one argument for bash, turning the job-dir stand-in into ``"$AUTOMODEL_JOB_DIR"``."""
-    parts = [shlex.quote(p) for p in str(arg).split(_JOB_DIR)]
-    return f'"${JOB_DIR_VAR}"'.join("" if p == "''" else p for p in parts)
+    parts = str(arg).split(_JOB_DIR)
+    return f'"${JOB_DIR_VAR}"'.join(shlex.quote(p) if p or len(parts) == 1 else "" for p in parts)
 
 
-def _sbatch_params(sc: tp.Any) -> dict[str, tp.Any]:
+def _sbatch_params(sc: SlurmConfig) -> dict[str, tp.Any]:
     """``cfg.slurm`` as ``_make_sbatch_string`` keyword arguments; unset options are left out (never ``None``)."""
     gpus = sc.ntasks_per_node if sc.gpus_per_node is None else sc.gpus_per_node
     extra: dict[str, tp.Any] = {"requeue": True} if sc.max_requeues > 0 else {}
@@ -168,6 +174,7 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
         setup += [f"for src in {sources}; do  # slurm.extra_mounts, checked again on the node",
                   '  [ -e "$src" ] || { echo "automodel-hydra: mount source $src (slurm.extra_mounts) does not exist '
                   'on $(hostname)" >&2; exit 1; }', "done"]
+    setup += nsys_check_lines(cfg.profile.nsys)
     if sc.setup:
         setup += ["# slurm.setup", *sc.setup]
     spec = JobSpec(Path(_JOB_DIR), job.job_name)
@@ -182,12 +189,6 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
     return Plan(NAME, job, {SCRIPT: render(payload, [job.job_dir])}, payload, group_key=payload)
 
 
-def _params(payload: Payload) -> dict[str, tp.Any]:
-    params = dict(payload.sbatch)
-    params["additional_parameters"] = dict(params.get("additional_parameters", ()))
-    return params
-
-
 def render(payload: Payload, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
     """The sbatch script for one job (``array=False``) or for a job array whose task i runs ``job_dirs[i]``.
 
@@ -196,7 +197,8 @@ def render(payload: Payload, job_dirs: tp.Sequence[Path], array: bool = False) -
     from submitit.slurm.slurm import _make_sbatch_string
 
     root = log_root(job_dirs, array)
-    params = _params(payload)
+    params = dict(payload.sbatch)
+    params["additional_parameters"] = dict(params["additional_parameters"])
     directives = {**params, **params["additional_parameters"], "output": str(root)}
     for key, value in directives.items():
         if isinstance(value, str) and ("\n" in value or "\r" in value):
@@ -319,36 +321,55 @@ def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
     return subs
 
 
-def wait(subs: tp.Sequence[Submission], poll_s: float = 2.0) -> list[JobResult]:
+def wait(subs: tp.Sequence[Submission], max_poll_s: float = 30.0, lost_after_s: float = 300.0) -> list[JobResult]:
     """Block until every job has finished (requeues included); a single waited-for job has its rank-0 log
-    followed on stdout. Returns one JobResult per submission, with ``<job dir>/result.json`` as the value."""
-    from automodel_hydra.backends.slurm_parse import normalize_state
+    followed on stdout. Returns one JobResult per submission, with ``<job dir>/result.json`` as the value.
+
+    Slurm is asked (one sacct call for all jobs) after 2 s, then less and less often up to every ``max_poll_s``,
+    and at once when a job's result.json appears. A job no tool has known for ``lost_after_s`` ends UNKNOWN."""
+    from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob, normalize_state
 
     single = len(subs) == 1 and subs[0].plan.job.job_num is None
-    follow = [_Follower(Path(str(subs[0].log_path)))] if single else []
+    follow = _Follower(Path(str(subs[0].log_path))) if single else None
     results: dict[int, JobResult] = {}
+    seen = {i: time.time() for i in range(len(subs))}
+    fresh: set[int] = set()
+    delay, next_check = 2.0, time.time() + 2.0
     while len(results) < len(subs):
         pending = [i for i in range(len(subs)) if i not in results]
-        subs[pending[0]].handle[0].watcher.update()
-        for i in pending:
-            job, started = subs[i].handle
-            state = normalize_state(job.watcher.get_state(job.job_id, mode="cache"))
-            if state in FINISHED:
-                results[i] = _result(subs[i], state)
-        for f in follow:
-            f.poll()
+        new = {i for i in pending if i not in fresh and _fresh_result(subs[i])}
+        fresh |= new
+        if new or time.time() >= next_check:
+            AutomodelSlurmJob.watcher.update()
+            for i in pending:
+                job = subs[i].handle[0]
+                state = normalize_state(job.watcher.get_state(job.job_id, mode="cache"))
+                if state != "UNKNOWN":
+                    seen[i] = time.time()
+                elif time.time() - seen[i] > lost_after_s:
+                    results[i] = JobResult("UNKNOWN", error=f"job {job.job_id}: neither sacct nor squeue knows it")
+                if state in FINISHED:
+                    results[i] = _result(subs[i], state)
+            delay = 2.0 if new else min(delay * 1.5, max_poll_s)
+            next_check = time.time() + delay
+        if follow is not None:
+            follow.poll()
         if len(results) < len(subs):
-            time.sleep(poll_s)
-    for f in follow:
-        f.poll()
+            time.sleep(1.0)
+    if follow is not None:
+        follow.poll()
     return [results[i] for i in range(len(subs))]
 
 
+def _fresh_result(sub: Submission) -> bool:
+    """Whether the job wrote ``result.json`` since it was submitted (not a leftover of an earlier run)."""
+    path = sub.plan.job.job_dir / "result.json"
+    return path.exists() and path.stat().st_mtime >= sub.handle[1] - 1
+
+
 def _result(sub: Submission, state: str) -> JobResult:
-    result_file = sub.plan.job.job_dir / "result.json"
-    fresh = result_file.exists() and result_file.stat().st_mtime >= sub.handle[1] - 1
-    if state == "COMPLETED" and fresh:
-        return JobResult("COMPLETED", json.loads(result_file.read_text()))
+    if state == "COMPLETED" and _fresh_result(sub):
+        return JobResult("COMPLETED", json.loads((sub.plan.job.job_dir / "result.json").read_text()))
     tail = ""
     if sub.log_path and Path(sub.log_path).exists():
         tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
@@ -362,6 +383,7 @@ class _Follower:
 
     def __init__(self, path: Path) -> None:
         self.path, self.pos = path, 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end mid-character
 
     def poll(self) -> None:
         if not self.path.exists():
@@ -371,17 +393,19 @@ class _Follower:
             data = f.read()
         self.pos += len(data)
         if data:
-            sys.stdout.write(data.decode(errors="replace"))
+            sys.stdout.write(self.decoder.decode(data))
             sys.stdout.flush()
 
 
 def status(record: dict[str, tp.Any]) -> str:
     """State of a submitted job from its record (``launch/submission.json``): ``sacct``, else ``squeue`` (accounting
     off; finished jobs stay there MinJobAge seconds), else ``UNKNOWN``. Names are Slurm's (:data:`plan.STATES`)."""
-    from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob, normalize_state
+    from automodel_hydra.backends.slurm_parse import Watcher, normalize_state
 
-    job = AutomodelSlurmJob(folder=Path(record["job_dir"]), job_id=str(record["job_ids"][0]))
-    return normalize_state(job.watcher.get_state(job.job_id, mode="force"))
+    if not record.get("job_ids"):
+        return "UNKNOWN"
+    # a watcher of its own: status() may run in another thread (the sweep progress display) than wait()
+    return normalize_state(Watcher().get_state(str(record["job_ids"][0]), mode="force"))
 
 
 def cancel(record: dict[str, tp.Any]) -> None:
@@ -389,4 +413,7 @@ def cancel(record: dict[str, tp.Any]) -> None:
     from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob
 
     for jid in record["job_ids"]:
+        # issue 6: scancel sends SIGTERM, on which the worker checkpoints and requeues itself (as on a preemption);
+        # Requeue=0 first makes that `scontrol requeue` fail, so a cancelled job stays cancelled
+        subprocess.run(["scontrol", "update", f"JobId={jid}", "Requeue=0"], capture_output=True, env=_submit_env())
         AutomodelSlurmJob(folder=Path(record["job_dir"]), job_id=str(jid)).cancel(check=False)

@@ -56,13 +56,14 @@ class Watcher(SlurmInfoWatcher):
         if command is None:
             return
         self._num_calls += 1
-        main_ids = {x.split("_")[0] for x in self._registered - self._finished}
         try:
             out = subprocess.run(command, capture_output=True, text=True, timeout=60)
             info = self.read_info(out.stdout) if out.returncode == 0 else {}
         except (OSError, subprocess.SubprocessError):
             info = {}
-        missing = {m for m in main_ids if not any(k.split("_")[0] == m for k in info)}
+        # issue 6: per registered id, not per main id: right after sbatch, sacct may list only the array's main
+        # record ("21|PENDING") while squeue already shows "21_0|RUNNING"
+        missing = {x.split("_")[0] for x in self._registered - self._finished if x not in info}
         if missing:
             info.update({k: v for k, v in self.read_info(squeue_states(missing)).items() if k not in info})
         self._info_dict.update(info)

@@ -1,0 +1,415 @@
+"""Slurm planning without a cluster: the recorded script, every option rule, and the script RUN by bash.
+
+The generated sbatch script is executed by bash with stand-ins on PATH (``srun``, ``scontrol``, ``sbatch``,
+``sacct``, ``squeue``), the way submitit's ``MockedSubprocess`` fakes the tools at the process boundary. The
+stand-in ``srun`` records its argv and environment and, like srun, starts one "task" per rank, each of which reads
+its place with the real bootstrap (``DistEnv.from_environ``)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from automodel_hydra import config
+from automodel_hydra.backends import slurm
+from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob, normalize_state
+from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
+from automodel_hydra.config import ConfigError, parse_slurm_time
+from automodel_hydra.plan import JobSpec, Plan
+from tests.helpers import ROOT, compose_cfg
+
+GOLDEN = Path(__file__).parent / "golden" / "sbatch_2nodes.txt"
+JOB = JobSpec(job_dir=Path("/scratch/runs/2026-01-01/00-00-00"), job_name="train",
+              project_root=Path("/src/automodel-hydra"))
+GOLDEN_OVERRIDES = [
+    "slurm.nodes=2", "slurm.ntasks_per_node=8", "slurm.time=1-00:00:00", "slurm.account=my_account",
+    "slurm.partition=batch", "slurm.qos=high", "slurm.constraint=h100", "slurm.exclude=gpu-b7", "slurm.mem=512G",
+    "slurm.cpus_per_task=12", "slurm.container_image=nvcr.io/nvidia/nemo:dev", "slurm.hf_home=/lustre/hf",
+    "slurm.nemo_mount=/opt/automodel", "slurm.extra_mounts=['/usr:/data']", "slurm.master_port=20000",
+    "++slurm.env_vars.HF_TOKEN=${HF_TOKEN}", "++slurm.env_vars.NOTE='two words; $(id)'",
+    "slurm.setup=['module load cuda/12.4']", "slurm.srun_args=['--mpi=pmix']", "++slurm.sbatch_args.mail-type=END",
+    "slurm.signal_delay_s=600", "slurm.max_requeues=5",
+]
+
+
+def load(overrides: tp.Sequence[str], output_dir: Path | str = JOB.job_dir, **slurm_fields: tp.Any) -> config.TrainConfig:
+    cfg = compose_cfg(["launcher=slurm", *overrides], output_dir)
+    for key, value in slurm_fields.items():  # values a command line cannot carry (newlines, quotes)
+        cfg.slurm[key] = value
+    return config.load(cfg)
+
+
+def script(overrides: tp.Sequence[str] = (), job: JobSpec = JOB, **fields: tp.Any) -> str:
+    return slurm.plan(load(overrides, job.job_dir, **fields), job).files["sbatch.sh"]
+
+
+def directives(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --"):].partition("=")
+            out[key] = value
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the recorded script
+
+
+def test_golden_sbatch_2nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    text = script(GOLDEN_OVERRIDES)
+    if not GOLDEN.exists():
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+        pytest.fail(f"recorded {GOLDEN}; check it by eye and rerun")
+    expected = GOLDEN.read_text()
+    if text != expected:
+        diff = "\n".join(difflib.unified_diff(expected.splitlines(), text.splitlines(), "recorded", "planned",
+                                              lineterm=""))
+        pytest.fail(f"the planned script differs from {GOLDEN}:\n{diff}\n\nIf the change is intended, regenerate "
+                    f"the record: rm {GOLDEN.relative_to(ROOT)} && pytest {Path(__file__).relative_to(ROOT)}")
+
+
+def test_golden_options() -> None:
+    d = directives(GOLDEN.read_text())
+    assert d["time"] == "1440" and d["nodes"] == "2" and d["ntasks-per-node"] == "8"
+    assert d["gpus-per-node"] == "8"  # gpus_per_node defaults to ntasks_per_node
+    assert d["signal"] == "USR2@600" and "requeue" in d and d["mail-type"] == "END"
+    assert "None" not in GOLDEN.read_text() and "wckey" not in d
+
+
+# ----------------------------------------------------------------------------------------------- option rules
+
+
+def test_unset_options_are_left_out() -> None:
+    text = script(["slurm.gpus_per_node=0", "slurm.max_requeues=0"])
+    d = directives(text)
+    for key in ("account", "partition", "qos", "constraint", "exclude", "mem", "cpus-per-task", "gpus-per-node",
+                "requeue", "wckey"):
+        assert key not in d, key
+    assert "None" not in text and "=null" not in text
+    assert "export AUTOMODEL_MAX_REQUEUES=0" in text
+
+
+@pytest.mark.parametrize("value, minutes", [("1-00:00:00", 1440), ("90", 90), ("00:30:30", 31), ("5:30", 6),
+                                            ("1-2", 1560), ("1-02:03", 1563)])
+def test_time_forms(value: str, minutes: int) -> None:
+    assert parse_slurm_time(value) == minutes
+    assert directives(script([f"slurm.time='{value}'", "slurm.signal_delay_s=60"]))["time"] == str(minutes)
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "00:00:00", "1:2:3:4", "UNLIMITED"])
+def test_bad_times_are_rejected(value: str) -> None:
+    with pytest.raises(ConfigError, match="slurm.time"):
+        load([f"slurm.time='{value}'"])
+
+
+def test_time_shorter_than_the_signal_margin_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="signal_delay_s"):
+        load(["slurm.time=5", "slurm.signal_delay_s=300"])
+
+
+def test_container_flags_and_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/host/venv/bin/python")
+    text = script(["slurm.container_image=nvcr.io/nvidia/nemo:dev", "slurm.hf_home=/lustre/hf",
+                   "slurm.nemo_mount=/opt/automodel", "slurm.extra_mounts=['/usr:/data',{source: /etc, dest: /cfg}]"])
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--container-image=nvcr.io/nvidia/nemo:dev" in srun
+    mounts = srun.split("--container-mounts=")[1].split()[0].split(",")
+    assert mounts == ["/lustre/hf:/lustre/hf", "/src/automodel-hydra:/opt/automodel", "/usr:/data", "/etc:/cfg",
+                      f"{JOB.job_dir}:{JOB.job_dir}"]
+    assert f"--container-workdir={JOB.job_dir}" in srun
+    assert " python -u -m automodel_hydra.worker" in srun and "/host/venv" not in srun
+    assert "export PYTHONPATH=/opt/automodel\n" in text and "export HF_HOME=/lustre/hf" in text
+    assert "/usr" in text.split("# slurm.extra_mounts")[0]  # sources checked again on the node
+
+
+def test_no_container_runs_this_python_on_this_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/host/venv/bin/python")
+    text = script()
+    assert "--container" not in text
+    assert "export PYTHONPATH=/src/automodel-hydra${PYTHONPATH:+:$PYTHONPATH}" in text
+    assert "/host/venv/bin/python -u -m automodel_hydra.worker" in text
+
+
+def test_mount_sources_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"slurm.extra_mounts\[0\].source"):
+        load([f"slurm.extra_mounts=['{tmp_path}/missing:/data']"])
+
+
+def test_sbatch_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    plan = slurm.plan(load([], tmp_path), JobSpec(tmp_path, "train"))
+    with pytest.raises(RuntimeError, match="sbatch is not on PATH.*module load slurm.*slurm-client"):
+        slurm.submit([plan])
+
+
+def test_env_refs_are_never_expanded_into_the_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRET_value")
+    text = script(["++slurm.env_vars.HF_TOKEN=${HF_TOKEN}", "++slurm.env_vars.W=${oc.env:WANDB_API_KEY}"])
+    assert "hf_SECRET_value" not in text
+    assert 'export HF_TOKEN="${HF_TOKEN}"' in text and 'export W="${WANDB_API_KEY}"' in text
+
+
+def test_nsys_wraps_each_rank() -> None:
+    text = script(["profile=nsys"])
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert " nsys profile " in srun and srun.index("nsys profile") < srun.index("automodel_hydra.worker")
+    assert '--output="$AUTOMODEL_JOB_DIR"\'/train_%h_rank%q{SLURM_PROCID}\'' in srun
+    assert "command -v nsys" in text  # a clear error on a node without nsys
+
+
+def test_newline_in_an_sbatch_option_is_refused() -> None:
+    with pytest.raises(ValueError, match="one option per line"):
+        script(job=JobSpec(Path("/runs/a\nb"), "train"))
+    with pytest.raises(ValueError, match="job-name"):
+        script(job_name="x\nrm -rf /")
+
+
+# ----------------------------------------------------------------------------------------------- the script, run
+
+
+def _write_exe(path: Path, text: str) -> None:
+    path.write_text(textwrap.dedent(text).lstrip())
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def standins(tmp_path: Path) -> Path:
+    """A bin dir with stand-in ``srun`` (records argv, env and each task's DistEnv) and ``scontrol``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _write_exe(bin_dir / "srun", f"""
+        #!{sys.executable}
+        import json, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from automodel_hydra.bootstrap import DistEnv
+        n, per_node = int(os.environ["SLURM_NTASKS"]), int(os.environ["SLURM_NTASKS_PER_NODE"])
+        tasks = []
+        for rank in range(n):  # what each task sees: the batch step's environment plus its place
+            env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node),
+                       SLURM_NODEID=str(rank // per_node))
+            d = DistEnv.from_environ(env)
+            tasks.append([d.rank, d.world_size, d.master_addr, d.master_port])
+        with open(os.environ["STANDIN_RECORD"], "w") as f:
+            json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "tasks": tasks}}, f)
+        """)
+    _write_exe(bin_dir / "scontrol", f"""
+        #!{sys.executable}
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from automodel_hydra.bootstrap import expand_hostlist
+        assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
+        print("\\n".join(expand_hostlist(sys.argv[3])))
+        """)
+    return bin_dir
+
+
+def run_script(text: str, standins: Path, tmp_path: Path, job_id: int = 4242, nodelist: str = "node[1-2]",
+               nodes: int = 2, per_node: int = 2, **env: str) -> dict[str, tp.Any]:
+    """Run the script with bash as the batch step of job ``job_id``; returns what the stand-in srun saw."""
+    path = tmp_path / "sbatch.sh"
+    path.write_text(text)
+    record = tmp_path / f"srun-{job_id}.json"
+    base = {"PATH": f"{standins}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": str(job_id),
+            "SLURM_JOB_NODELIST": nodelist, "SLURM_NTASKS": str(nodes * per_node),
+            "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_JOB_NUM_NODES": str(nodes),
+            "STANDIN_RECORD": str(record)}
+    proc = subprocess.run(["bash", str(path)], env={**base, **env}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(record.read_text())
+    out["stderr"] = proc.stderr
+    return out
+
+
+def worker_args(argv: list[str]) -> list[str]:
+    return argv[argv.index("automodel_hydra.worker") + 1:]
+
+
+def test_field_nodelist_master_is_the_plain_host_first(standins: Path, tmp_path: Path) -> None:
+    nodelist = "gpu-b7,gpu-a[001-003,010]"
+    assert first_host(nodelist) == "gpu-b7"
+    assert expand_hostlist(nodelist) == ["gpu-b7", "gpu-a001", "gpu-a002", "gpu-a003", "gpu-a010"]
+    seen = run_script(script(["slurm.nodes=5", "slurm.ntasks_per_node=1"]), standins, tmp_path,
+                      nodelist=nodelist, nodes=5, per_node=1)
+    assert seen["env"]["MASTER_ADDR"] == "gpu-b7"
+    assert {t[2] for t in seen["tasks"]} == {"gpu-b7"} and [t[1] for t in seen["tasks"]] == [5] * 5
+
+
+def test_port_differs_between_jobs_and_agrees_within_one(standins: Path, tmp_path: Path) -> None:
+    text = script(["slurm.nodes=2", "slurm.ntasks_per_node=4"])
+    ports = {}
+    for job_id in (1001, 1002):
+        seen = run_script(text, standins, tmp_path, job_id=job_id, per_node=4)
+        assert [t[0] for t in seen["tasks"]] == list(range(8)) and {t[1] for t in seen["tasks"]} == {8}
+        assert len({t[3] for t in seen["tasks"]}) == 1, "every task of a job agrees on its port"
+        ports[job_id] = seen["tasks"][0][3]
+        assert f"rendezvous at node1:{ports[job_id]}" in seen["stderr"]  # the chosen port is logged
+    assert ports == {1001: 13742 + 1, 1002: 13742 + 2}
+
+
+def test_port_taken_on_the_master_moves_up(standins: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        if taken > 64000 or taken < 2000:
+            pytest.skip("ephemeral port out of the range this check needs")
+        base = taken - 7  # job 7 of 1000 lands on the taken port
+        seen = run_script(script([f"slurm.master_port={base}"]), standins, tmp_path, job_id=7,
+                          SLURMD_NODENAME="node1")
+    assert seen["env"]["MASTER_PORT"] == str(taken + 1000)
+
+
+@pytest.mark.parametrize("local_rank, gpus, device", [(k, 8, f"cuda:{k}") for k in range(8)] + [(3, 1, "cuda:0")])
+def test_one_cuda_device_per_local_rank(local_rank: int, gpus: int, device: str) -> None:
+    assert device_for(local_rank, gpus) == device
+
+
+WEIRD = "we ird 'q' \"dq\" ; echo INJECTED > MARK1 $(touch MARK2) `touch MARK3` \\ end"
+
+
+def test_weird_values_stay_data_when_bash_runs_the_script(standins: Path, tmp_path: Path) -> None:
+    job = JobSpec(tmp_path / WEIRD / "job", job_name=f"train {WEIRD}")
+    env_value = f"line1\n{WEIRD}\n$HOME ${{HOME}}"
+    text = script(["profile=nsys", "slurm.nodes=1", "slurm.ntasks_per_node=2"], job=job, job_name=f"llm {WEIRD}",
+                  env_vars={"WEIRD": env_value}, srun_args=[f"--comment={WEIRD}"])
+    (tmp_path / "bin" / "nsys").write_text("")  # the node-side nsys check only needs it on PATH
+    (tmp_path / "bin" / "nsys").chmod(0o755)
+    seen = run_script(text, standins, tmp_path, nodes=1)
+    assert seen["env"]["WEIRD"] == env_value
+    assert seen["env"]["AUTOMODEL_JOB_DIR"] == str(job.job_dir)
+    args = worker_args(seen["argv"])
+    assert args == [str(job.job_file), "--log-file", str(job.log_file)]
+    assert f"--comment={WEIRD}" in seen["argv"]
+    assert f"--output={job.job_dir}/{job.job_name}_%h_rank%q{{SLURM_PROCID}}" in seen["argv"]
+    assert not list(tmp_path.glob("MARK*")) and not list(Path.cwd().glob("MARK*")), "a value ran as code"
+    assert directives(text)["job-name"].startswith("'llm we ird")  # sbatch parses quoted #SBATCH values
+
+
+# ----------------------------------------------------------------------------------------------- sweeps: job arrays
+
+
+def sweep_plans(tmp_path: Path, n: int, overrides: tp.Sequence[str] = ()) -> list[Plan]:
+    plans = []
+    for i in range(n):
+        job = JobSpec(tmp_path / "sweep" / str(i), "train", overrides=(f"optim.lr={i}",), job_num=i)
+        plans.append(slurm.plan(load(["slurm.array_parallelism=2", *overrides], job.job_dir), job))
+    return plans
+
+
+def test_sweep_is_one_array_and_task_i_runs_job_i(standins: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 1001)
+    plans = sweep_plans(tmp_path, 3)
+    assert len({p.group_key for p in plans}) == 1
+    files = slurm.sweep_files(plans, tmp_path / "sweep")
+    assert list(files) == ["sbatch.sh"]
+    text = files["sbatch.sh"]
+    assert directives(text)["array"] == "0-2%2"
+    assert directives(text)["output"] == f"{tmp_path}/sweep/slurm/%A_%a_0_log.out"
+    for i in range(3):
+        seen = run_script(text, standins, tmp_path, job_id=500 + i, nodes=1, SLURM_ARRAY_TASK_ID=str(i))
+        assert worker_args(seen["argv"])[0] == str(plans[i].job.job_file)
+
+
+def test_sweep_larger_than_max_array_size_is_split(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 2)
+    files = slurm.sweep_files(sweep_plans(tmp_path, 5), tmp_path / "sweep")
+    assert list(files) == ["sbatch.sh", "sbatch_2.sh", "sbatch_4.sh"]
+    assert [directives(t)["array"] for t in files.values()] == ["0-1%2", "0-1%2", "0-0%1"]
+
+
+def test_different_slurm_options_make_different_arrays(tmp_path: Path) -> None:
+    a = sweep_plans(tmp_path / "a", 1)[0]
+    b = sweep_plans(tmp_path / "b", 1, ["slurm.nodes=2"])[0]
+    assert a.group_key != b.group_key
+
+
+def test_max_array_size_is_read_from_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _write_exe(tmp_path / "scontrol", "#!/bin/sh\necho 'MaxArraySize            = 40'\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    slurm.max_array_size.cache_clear()
+    try:
+        assert slurm.max_array_size() == 40
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+        slurm.max_array_size.cache_clear()
+        assert slurm.max_array_size() == slurm.DEFAULT_MAX_ARRAY_SIZE
+    finally:
+        slurm.max_array_size.cache_clear()
+
+
+# ----------------------------------------------------------------------------------------------- submit, status
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Stand-in sbatch (keeps a copy of what it was given, answers job 42), sacct (accounting off) and squeue."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    _write_exe(bin_dir / "sbatch", f'#!/bin/sh\ncp "$1" {tmp_path}/submitted.sh\necho "Submitted batch job 42"\n')
+    _write_exe(bin_dir / "sacct", "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    _write_exe(bin_dir / "squeue", "#!/bin/sh\nprintf '42_0|COMPLETED\\n42_[1-2%%2]|PENDING\\n'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm, "max_array_size", lambda: 1001)
+    return tmp_path
+
+
+def test_submit_array_keeps_the_exact_script_in_every_job_dir(fake_slurm: Path) -> None:
+    plans = sweep_plans(fake_slurm, 3)
+    subs = slurm.submit(plans)
+    submitted = (fake_slurm / "submitted.sh").read_text()
+    assert [s.ids for s in subs] == [["42_0"], ["42_1"], ["42_2"]]
+    assert subs[1].log_path == f"{fake_slurm}/sweep/slurm/42_1_0_log.out"
+    assert (fake_slurm / "sweep" / "slurm").is_dir()  # sbatch does not create its log dir
+    assert submitted == slurm.sweep_files(plans, fake_slurm / "sweep")["sbatch.sh"]
+    for p in plans:
+        assert (p.job.launch_dir / "sbatch.sh").read_text() == submitted
+    assert [slurm.status(s.record()) for s in subs] == ["COMPLETED", "PENDING", "PENDING"]
+
+
+def test_status_is_unknown_when_no_tool_knows_the_job(fake_slurm: Path) -> None:
+    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nexit 0\n")
+    assert slurm.status({"job_ids": ["77"], "job_dir": str(fake_slurm)}) == "UNKNOWN"
+
+
+@pytest.mark.parametrize("raw, state", [("CANCELLED by 0", "CANCELLED"), ("OUT_OF_MEMORY", "FAILED"),
+                                        ("REQUEUED", "PENDING"), ("COMPLETING", "RUNNING"), ("", "UNKNOWN"),
+                                        ("TIMEOUT", "TIMEOUT"), ("RUNNING", "RUNNING")])
+def test_states_are_normalized(raw: str, state: str) -> None:
+    assert normalize_state(raw) == state
+
+
+def test_jobs_are_submitit_jobs(fake_slurm: Path) -> None:
+    (sub,) = slurm.submit([slurm.plan(load([], fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))])
+    assert isinstance(sub.handle[0], AutomodelSlurmJob) and sub.ids == ["42"]
+    assert sub.log_path == f"{fake_slurm}/run/slurm/42_0_log.out"
+    assert sub.plan.payload.wait is False  # a single run returns at once unless slurm.wait
+
+
+def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> None:
+    plans = sweep_plans(fake_slurm, 3)
+    subs = slurm.submit(plans)
+    (plans[0].job.job_dir / "result.json").write_text('{"loss": 1.5, "step": 5}')
+    (ok,) = slurm.wait([subs[0]])
+    assert ok.ok and ok.value == {"loss": 1.5, "step": 5}
+    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_1|FAILED\\n'\n")
+    (failed,) = slurm.wait([subs[1]])
+    assert failed.state == "FAILED" and "42_1" in failed.error and "42_1_0_log.out" in failed.error
+
+
+def test_an_empty_argument_stays_an_argument() -> None:
+    assert slurm._sh("") == "''" and slurm._sh(slurm._JOB_DIR) == '"$AUTOMODEL_JOB_DIR"'
+
