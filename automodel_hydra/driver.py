@@ -55,7 +55,8 @@ def job_spec_from_hydra() -> JobSpec:
         # resolve=False: an override such as '++slurm.env_vars.HF_TOKEN=${HF_TOKEN}' is text, not an interpolation
         # (edited by the Slurm backend's author: iterating the ListConfig resolved it and failed)
         overrides=tuple(OmegaConf.to_container(hc.overrides.task, resolve=False)),
-        job_num=hc.job.num if hc.mode == RunMode.MULTIRUN else None,
+        # a sweep job: Hydra's -m, or any job planned under our sweep launchers' collector
+        job_num=hc.job.num if hc.mode == RunMode.MULTIRUN or _COLLECTOR.get() is not None else None,
     )
 
 
@@ -114,8 +115,9 @@ def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
     for sub in subs:
         write_record(sub)
         if sub.ids:
-            print(f"submitted {sub.plan.backend} job {','.join(sub.ids)}: "
-                  f"plan {sub.plan.job.launch_dir}, log {sub.log_path}", flush=True)
+            script = sub.plan.job.launch_dir / next(iter(sub.plan.files))
+            print(f"submitted {sub.plan.backend} job {','.join(sub.ids)}: script {script}, log {sub.log_path}",
+                  flush=True)
     return subs
 
 

@@ -199,3 +199,396 @@ def retry(what: str, fn: tp.Callable[[], Run]) -> Run:
     return checked(what, run)
 
 
+@dataclasses.dataclass
+class Figure:
+    name: str
+    value: float | None  # None = unavailable or failed
+    a: str = ""  # what A / B measured, for the table
+    b: str = ""
+    reps: str = ""
+    note: str = ""
+
+    @property
+    def goal(self) -> float | None:
+        return GOALS.get(self.name)
+
+    @property
+    def status(self) -> str:
+        if self.goal is None:
+            return ""
+        if self.value is None:
+            return "N/A"
+        return "ok" if self.value <= self.goal else "MISS"
+
+
+def fmt(x: float | None, nd: int = 3) -> str:
+    if x is None:
+        return "unavailable"
+    if x != x:
+        return "nan"
+    return f"{x:.{nd}g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def spread(xs: tp.Sequence[float]) -> str:
+    return f"{min(xs):.3g}..{max(xs):.3g}" if len(xs) > 1 else ""
+
+
+def progress(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- A/B pairs
+
+
+@dataclasses.dataclass
+class PairTask:
+    """Repeated (A, B) measurements of one figure. Pair i runs A then B when i is even, B then A when odd, and the
+    scheduler in :func:`main` interleaves the pairs of different tasks, so slow drift of the machine's load hits A
+    and B alike."""
+
+    name: str
+    a: tp.Callable[[int], Run]
+    b: tp.Callable[[int], Run]
+    min_pairs: int
+    max_pairs: int
+    pairs: list[tuple[Run, Run]] = dataclasses.field(default_factory=list)
+    last_s: float = 0.0
+    error: str | None = None
+
+    def run_pair(self) -> None:
+        i, t0 = len(self.pairs), time.perf_counter()
+        if i % 2 == 0:
+            ra = self.a(i)
+            rb = self.b(i)
+        else:
+            rb = self.b(i)
+            ra = self.a(i)
+        self.pairs.append((ra, rb))
+        self.last_s = time.perf_counter() - t0
+        progress(f"{self.name} pair {i + 1}: A {ra.wall_s:.1f}s B {rb.wall_s:.1f}s (wall), "
+                 f"A {ra.cpu_s:.1f} B {rb.cpu_s:.1f} cpu-s, load {os.getloadavg()[0]:.1f}")
+
+    def ratios(self, key: tp.Callable[[Run], float]) -> list[float]:
+        return [key(a) / key(b) for a, b in self.pairs]
+
+    def med(self, side: int, key: tp.Callable[[Run], float]) -> float:
+        return median([key(p[side]) for p in self.pairs])
+
+
+def wall(r: Run) -> float:
+    return r.wall_s
+
+
+def cpu(r: Run) -> float:
+    return r.cpu_s
+
+
+# ----------------------------------------------------------------------------------------------- the benchmarks
+
+
+def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, Run]:
+    """A = ``python train.py`` (one step, 2 ranks); B = bare torchrun of the same worker command and job file."""
+    # B's job file and exact worker command come from a dry run of the same config, made here, outside the timing
+    proto = work / "launch-proto"
+    dry = checked("dry run", timed([PY, "train.py", f"hydra.run.dir={proto}", *TRIVIAL, "interactive.nproc_per_node=2",
+                                    "dry_run=true"], work / "logs" / "launch-dry.log"))
+    job = yaml.safe_load((proto / "launch" / "job.yaml").read_text())
+    exec_line = next(ln for ln in (proto / "launch" / "torchrun.sh").read_text().splitlines()
+                     if ln.startswith("exec "))
+    base_argv = shlex.split(exec_line[len("exec "):])
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env_b = dict(os.environ, PYTHONPATH=pythonpath, PYTHONUNBUFFERED="1")  # what torchrun.sh exports
+
+    def ours(i: int) -> Run:
+        d = work / f"launch-ours-{i}"
+        return retry("python train.py", lambda: timed(
+            [PY, "train.py", f"hydra.run.dir={d}", *TRIVIAL, "interactive.nproc_per_node=2",
+             f"interactive.master_port={free_port()}"],
+            work / "logs" / f"launch-ours-{i}.log", metrics=[d / "metrics.jsonl"]))
+
+    def bare(i: int) -> Run:
+        d = work / f"launch-bare-{i}"
+        (d / "launch").mkdir(parents=True, exist_ok=True)
+        job_file = d / "launch" / "job.yaml"
+        job_file.write_text(yaml.safe_dump(dict(job, output_dir=str(d)), sort_keys=False))
+
+        def argv() -> list[str]:
+            out = [f"--master_port={free_port()}" if a.startswith("--master_port=") else a.replace(str(proto), str(d))
+                   for a in base_argv]
+            assert str(job_file) in out, out
+            return out
+
+        return retry("bare torchrun", lambda: timed(argv(), work / "logs" / f"launch-bare-{i}.log", env=env_b,
+                                                    metrics=[d / "metrics.jsonl"]))
+
+    return PairTask("launch", ours, bare, min_pairs, max_pairs), dry
+
+
+def launch_figures(t: PairTask, dry: Run) -> list[Figure]:
+    ratios, cpu_ratios = t.ratios(wall), t.ratios(cpu)
+    diffs = [a.wall_s - b.wall_s for a, b in t.pairs]
+    firsts = [a.first_step_s for a, _ in t.pairs if a.first_step_s is not None]
+    firsts_b = [b.first_step_s for _, b in t.pairs if b.first_step_s is not None]
+    hwm = [a.self_hwm_mb for a, _ in t.pairs if a.self_hwm_mb]
+    n = f"{len(t.pairs)} pairs"
+    return [
+        Figure("launch_overhead_ratio", median(ratios), f"train.py {t.med(0, wall):.1f}s",
+               f"bare torchrun {t.med(1, wall):.1f}s", n, spread(ratios)),
+        Figure("launch_overhead_s", median(diffs), "A - B, wall", "", n, spread(diffs)),
+        Figure("launch_cpu_ratio", median(cpu_ratios), f"{t.med(0, cpu):.1f} cpu-s", f"{t.med(1, cpu):.1f} cpu-s", n,
+               spread(cpu_ratios)),
+        Figure("driver_dry_run_s", dry.wall_s, "train.py dry_run=true: start, compose, plan, exit", "", "1"),
+        Figure("time_to_first_step_s", median(firsts) if firsts else None, "train.py",
+               f"bare {median(firsts_b):.1f}s" if firsts_b else "", f"{len(firsts)}"),
+        Figure("driver_peak_rss_mb", max(hwm) if hwm else None, "VmHWM of the train.py process", "", f"{len(hwm)}"),
+        Figure("tree_peak_rss_mb", max(a.tree_maxrss_mb for a, _ in t.pairs),
+               "largest process of its tree (a rank)", "", f"{len(t.pairs)}"),
+    ]
+
+
+def sweep_task(work: Path, min_pairs: int, max_pairs: int, steps: int) -> PairTask:
+    """4 one-rank jobs: our interactive launcher (packed) vs Hydra's basic launcher (one job at a time)."""
+    common = ["-m", "seed=1,2,3,4", "interactive.nproc_per_node=1", f"step_scheduler.max_steps={steps}",
+              "checkpoint.enabled=false"]
+
+    def sweep(kind: str, extra: list[str]) -> tp.Callable[[int], Run]:
+        def go(i: int) -> Run:
+            d = work / f"sweep-{kind}-{i}"
+
+            def once() -> Run:
+                shutil.rmtree(d, ignore_errors=True)
+                return timed([PY, "train.py", *common, *extra, f"hydra.sweep.dir={d}",
+                              f"interactive.master_port={free_port()}"], work / "logs" / f"sweep-{kind}-{i}.log")
+
+            run = retry(f"{kind} sweep", once)
+            missing = [j for j in range(4) if not (d / str(j) / "result.json").exists()]
+            if missing:
+                raise Fail(f"{kind} sweep (jobs {missing} have no result.json)", run)
+            return run
+
+        return go
+
+    return PairTask("sweep", sweep("packed", []), sweep("serial", ["hydra/launcher=basic"]), min_pairs, max_pairs)
+
+
+def sweep_figures(t: PairTask) -> list[Figure]:
+    ratios = t.ratios(wall)
+    n = f"{len(t.pairs)} pairs"
+    return [
+        Figure("sweep_packing_ratio", median(ratios), f"packed {t.med(0, wall):.1f}s",
+               f"one at a time {t.med(1, wall):.1f}s", n, spread(ratios)),
+        Figure("sweep_cpu_ratio", median(t.ratios(cpu)), f"{t.med(0, cpu):.1f} cpu-s", f"{t.med(1, cpu):.1f} cpu-s",
+               n, spread(t.ratios(cpu))),
+    ]
+
+
+def plan_task(work: Path, sizes: tuple[int, int], min_pairs: int, max_pairs: int) -> PairTask:
+    """Dry-run planning of a Slurm sweep: A = the 10x bigger one, B = the small one."""
+    small, big = sizes
+
+    def plan(n: int) -> tp.Callable[[int], Run]:
+        def go(i: int) -> Run:
+            d = work / f"plan-{n}-{i}"
+            run = checked(f"{n}-job Slurm dry run", timed(
+                [PY, "train.py", "-m", "launcher=slurm", "slurm.partition=debug", "dry_run=true",
+                 f"seed=range(0,{n})", f"hydra.sweep.dir={d}"], work / "logs" / f"plan-{n}-{i}.log", timeout=3600))
+            planned = sum(1 for j in range(n) if (d / str(j) / "launch" / "job.yaml").exists())
+            if planned != n:
+                raise Fail(f"{n}-job Slurm dry run (planned {planned} job files)", run)
+            shutil.rmtree(d, ignore_errors=True)
+            return run
+        return go
+
+    return PairTask("plan", plan(big), plan(small), min_pairs, max_pairs)
+
+
+def plan_figures(t: PairTask, sizes: tuple[int, int]) -> list[Figure]:
+    small, big = sizes
+    n = f"{len(t.pairs)} pairs"
+    per_job = [(a.cpu_s - b.cpu_s) / (big - small) for a, b in t.pairs]
+    per_job_wall = [(a.wall_s - b.wall_s) / (big - small) for a, b in t.pairs]
+    return [
+        Figure("array_plan_growth_ratio", median(t.ratios(cpu)), f"{big} jobs {t.med(0, cpu):.1f} cpu-s",
+               f"{small} jobs {t.med(1, cpu):.1f} cpu-s", n, spread(t.ratios(cpu))),
+        Figure("array_plan_growth_ratio_wall", median(t.ratios(wall)), f"{big} jobs {t.med(0, wall):.1f}s",
+               f"{small} jobs {t.med(1, wall):.1f}s", n, spread(t.ratios(wall))),
+        Figure("array_plan_s_per_job", median(per_job), f"marginal cpu-s/job, {small}->{big}",
+               f"wall {median(per_job_wall):.3f} s/job", n),
+    ]
+
+
+def ckpt_figures(work: Path, rounds: int) -> list[Figure]:
+    run = checked("checkpoint benchmark", timed(
+        [PY, str(ROOT / "benchmarks" / "ckpt_stall.py"), "--rounds", str(rounds), "--dir", str(work / "ckpt")],
+        work / "logs" / "ckpt.log"))
+    res = json.loads([ln for ln in run.log.read_text().splitlines() if ln.startswith("{")][-1])
+    return [
+        Figure("ckpt_async_stall_ratio", res["ratio"], f"async {res['async_stall_s'] * 1e3:.0f} ms",
+               f"sync {res['sync_stall_s'] * 1e3:.0f} ms", f"{rounds} rounds x {len(res['sync_all']) // rounds} saves",
+               f"{spread(res['round_ratios'])}; {res['state_mb']:.0f} MB state"),
+        Figure("ckpt_async_step_slowdown", res["async_step_slowdown"], "step time with the write in flight / without",
+               "", ""),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+NOTES = """\
+What is compared (A / B; medians of per-pair ratios, A and B of a pair run back to back, pair order alternating):
+  launch_overhead_ratio    A = python train.py: Hydra start-up and compose, validation, planning, writing launch/,
+                           bash launch/torchrun.sh, torchrun, the driver's wait. B = python -m torch.distributed.run
+                           with the same flags running the same worker (-m automodel_hydra.worker) on the same
+                           job.yaml (made by a dry run beforehand, untimed): same 2 ranks, model, data, one step,
+                           no checkpoint. So B is "the same trivial work" and A - B is exactly what the launcher adds.
+  sweep_packing_ratio      A = our interactive launcher: 4 one-rank jobs, packed 2 at a time onto the 2 cores.
+                           B = the same 4 jobs under hydra/launcher=basic (Hydra's stock launcher): one at a time.
+  array_plan_growth_ratio  python train.py -m launcher=slurm dry_run=true seed=range(0,N) at 10x the jobs / at N.
+                           Time = CPU time (user+sys) of the planning process: planning is one single-threaded,
+                           CPU-bound process, so that is its wall time on an idle core; the wall ratio
+                           (*_wall), which here mostly tracks other users' load during the long run, is shown too.
+  ckpt_async_stall_ratio   time the training thread spends inside CheckpointManager.save(): async_save=True /
+                           False, same state, rounds interleaved (benchmarks/ckpt_stall.py).
+  *_cpu_ratio              user+sys CPU of the whole process tree, which other users' load barely moves.
+  driver_peak_rss_mb       VmHWM (the kernel's peak-RSS mark) of the python train.py process alone, polled from
+                           /proc/PID/status; tree_peak_rss_mb = ru_maxrss from wait4, the largest process of the
+                           tree (a worker rank), which is what /usr/bin/time -v reports for the command."""
+
+
+def table(figures: list[Figure]) -> str:
+    rows = [("figure", "value", "goal", "", "A", "B", "n", "spread / note")]
+    for f in figures:
+        rows.append((f.name, fmt(f.value), f"<= {f.goal:g}" if f.goal else "", f.status, f.a, f.b, f.reps, f.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for j, r in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+        if j == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+RATIO_OF = {"ckpt": "ckpt_async_stall_ratio", "launch": "launch_overhead_ratio", "sweep": "sweep_packing_ratio",
+            "plan": "array_plan_growth_ratio"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="one mandatory round, then more pairs only while the time budget lasts; plan 10 -> 100 jobs")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds after which no optional pair is started (default: 270 with --quick, none without)")
+    ap.add_argument("--only", default="ckpt,launch,sweep,plan", help="comma list of: ckpt,launch,sweep,plan")
+    ap.add_argument("--pairs", default=None,
+                    help="LAUNCH,SWEEP,PLAN maximum pairs (default: --quick 3,3,1 with minimums 2,1,1; else 5,4,1)")
+    ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100)")
+    ap.add_argument("--sweep-steps", type=int, default=1, help="training steps per sweep job")
+    ap.add_argument("--json", default=None, help="also write every figure to this JSON file")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, job dirs)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses its goal or is unavailable")
+    args = ap.parse_args(argv)
+    q = args.quick
+    budget = args.budget if args.budget is not None else (270.0 if q else float("inf"))
+    max_pairs = [int(x) for x in (args.pairs or ("3,3,1" if q else "5,4,1")).split(",")]
+    min_pairs = [min(m, x) for m, x in zip((2, 1, 1) if q else max_pairs, max_pairs)]
+    sizes = tuple(int(x) for x in (args.plan_sizes or ("10,100" if q else "100,1000")).split(","))
+    assert len(sizes) == 2 and sizes[1] > sizes[0] > 0
+    only = set(args.only.split(","))
+
+    work = Path(tempfile.mkdtemp(prefix="automodel-bench-"))
+    load0, t_start = os.getloadavg()[0], time.perf_counter()
+    header = (f"# automodel-hydra benchmarks{' --quick' if q else ''}: {os.cpu_count()} CPUs, python "
+              f"{platform.python_version()}, load avg {load0:.1f} at start")
+    print(header, flush=True)
+    progress(f"work dir {work}")
+    figures: dict[str, list[Figure]] = {}
+    failed: dict[str, str] = {}
+
+    if "ckpt" in only:
+        try:
+            figures["ckpt"] = ckpt_figures(work, 3 if q else 6)
+        except Fail as e:
+            failed["ckpt"] = str(e)
+        progress(f"ckpt done at {time.perf_counter() - t_start:.0f}s")
+
+    tasks: list[PairTask] = []
+    dry_run: Run | None = None
+    slurm_missing = not (ROOT / "automodel_hydra" / "backends" / "slurm.py").exists()
+    try:
+        if "launch" in only:
+            t, dry_run = launch_task(work, min_pairs[0], max_pairs[0])
+            tasks.append(t)
+    except Fail as e:
+        failed["launch"] = str(e)
+    if "sweep" in only:
+        tasks.append(sweep_task(work, min_pairs[1], max_pairs[1], args.sweep_steps))
+    if "plan" in only and not slurm_missing:
+        tasks.append(plan_task(work, (sizes[0], sizes[1]), min_pairs[2], max_pairs[2]))
+
+    # rounds: every task gets its mandatory pairs; optional ones only while the budget is expected to last
+    while True:
+        ran = False
+        for t in tasks:
+            if t.error or len(t.pairs) >= t.max_pairs:
+                continue
+            elapsed = time.perf_counter() - t_start
+            if len(t.pairs) >= t.min_pairs and elapsed + t.last_s * 1.1 > budget:
+                continue
+            try:
+                t.run_pair()
+                ran = True
+            except Fail as e:
+                t.error = str(e)
+                progress(f"{t.name}: FAILED: {e}")
+        if not ran:
+            break
+
+    for t in tasks:
+        if t.error or not t.pairs:
+            failed[t.name] = t.error or "no pairs ran"
+            continue
+        if t.name == "launch":
+            assert dry_run is not None
+            figures["launch"] = launch_figures(t, dry_run)
+        elif t.name == "sweep":
+            figures["sweep"] = sweep_figures(t)
+        else:
+            figures["plan"] = plan_figures(t, (sizes[0], sizes[1]))
+    if "plan" in only and slurm_missing:
+        figures["plan"] = [Figure("array_plan_growth_ratio", None,
+                                  note="unavailable: automodel_hydra/backends/slurm.py does not exist yet"),
+                           Figure("array_plan_s_per_job", None)]
+    for name, err in failed.items():
+        figures[name] = [Figure(RATIO_OF[name], None, note=f"FAILED: {err.splitlines()[0]}")]
+        print(f"# {name} failed:\n{err}", file=sys.stderr)
+
+    ordered = [f for k in ("launch", "sweep", "plan", "ckpt") for f in figures.get(k, [])]
+    total = time.perf_counter() - t_start
+    for f in ordered:
+        print(f"{f.name}={fmt(f.value, 4)}")
+    if "plan" in only:
+        print(f"array_plan_sizes={sizes[0]}->{sizes[1]}")
+    print(f"# {total:.0f}s in all; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f} (1-min, {os.cpu_count()} CPUs)\n")
+    print(table(ordered))
+    print()
+    print(NOTES)
+    missed = [f.name for f in ordered if f.goal is not None and f.status != "ok"]
+    print(f"\n# {'all ratios within goal' if not missed else 'not within goal or unavailable: ' + ', '.join(missed)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "quick": q, "total_s": total, "load_avg": [load0, os.getloadavg()[0]], "plan_sizes": sizes,
+            "figures": {f.name: dataclasses.asdict(f) | {"goal": f.goal, "status": f.status} for f in ordered},
+            "pairs": {t.name: [[dataclasses.asdict(r) | {"log": str(r.log), "argv": None} for r in p] for p in t.pairs]
+                      for t in tasks},
+        }, indent=2, default=str) + "\n")
+    if args.keep:
+        print(f"# kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if (args.strict and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,7 +41,8 @@ GOLDEN_OVERRIDES = [
 ]
 
 
-def load(overrides: tp.Sequence[str], output_dir: Path | str = JOB.job_dir, **slurm_fields: tp.Any) -> config.TrainConfig:
+def load(overrides: tp.Sequence[str], output_dir: Path | str = JOB.job_dir,
+         **slurm_fields: tp.Any) -> config.TrainConfig:
     cfg = compose_cfg(["launcher=slurm", *overrides], output_dir)
     for key, value in slurm_fields.items():  # values a command line cannot carry (newlines, quotes)
         cfg.slurm[key] = value
