@@ -219,12 +219,32 @@ def init_distributed(env: DistEnv | None = None, timeout_s: float = 600.0) -> Di
     if env.world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         log.info("init_process_group(%s) %r", backend, env)
-        dist.init_process_group(backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+        store = _attempt_store(env, timeout_s)  # issue 7: None = env:// as before
+        rendezvous: dict[str, tp.Any] = {"store": store} if store is not None else {"init_method": "env://"}
+        dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device if device.type == "cuda" else None, **rendezvous)
     elif dist.is_initialized():
         log.warning("torch.distributed is already initialised; reusing the process group")
     return Distributed(env, device)
+
+
+def _attempt_store(env: DistEnv, timeout_s: float) -> tp.Any:
+    """issue 7: the rendezvous store of this torchrun attempt, or None outside torchrun's agent store.
+
+    torchrun with ``--master_addr/--master_port`` (static rendezvous: our interactive and SkyPilot launchers) hands
+    its workers the agent's TCPStore (``TORCHELASTIC_USE_AGENT_STORE=True``) and keeps that store across restarts
+    (``--max_restarts``), while ``env://`` adds no per-attempt prefix. A restarted rank could then read the previous
+    attempt's keys (a dead rank's gloo address: "connectFullMesh failed ... Connection refused") and the restart
+    failed whenever rank 0 came up a little later than the others (cf. pytorch/pytorch#135712). Each attempt's keys
+    go under their own prefix; every worker of one agent agrees on ``TORCHELASTIC_RESTART_COUNT``."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    from torch.distributed import PrefixStore, TCPStore
+
+    agent = TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
+                     timeout=datetime.timedelta(seconds=timeout_s))
+    return PrefixStore(f"automodel/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
 
 
 def destroy_distributed() -> None:

@@ -66,16 +66,9 @@ def select(records: list[Record], job: int | None) -> list[Record]:
 
 def job_state(record: Record) -> tuple[str, str]:
     """``(state, note)`` from the job's backend; ``("UNKNOWN", why)`` when the backend cannot tell."""
-    from automodel_hydra import backends
-    from automodel_hydra.plan import STATES
+    from automodel_hydra.progress import backend_states
 
-    try:
-        state = backends.get(record["backend"]).status(record)
-    except Exception as e:  # noqa: BLE001  (a scheduler that cannot be asked is reported, not fatal)
-        return "UNKNOWN", f"{type(e).__name__}: {e}".splitlines()[0][:160]
-    if state not in STATES:
-        return "UNKNOWN", f"backend reported {state!r}"
-    return state, ""
+    return backend_states([record])[0]
 
 
 def _console() -> tp.Any:
@@ -99,7 +92,6 @@ def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
 
 def _table(title: str, shared: list[str]) -> tp.Any:
     from rich.table import Table
-
     from rich.text import Text
 
     caption = Text(f"every job: {' '.join(shared)}") if shared else None
@@ -110,11 +102,12 @@ def _table(title: str, shared: list[str]) -> tp.Any:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from automodel_hydra.progress import backend_states
+
     records = load_records(args.dir)
     shared, varying = split_overrides(records)
     rows = []
-    for rec in records:
-        state, note = job_state(rec)
+    for rec, (state, note) in zip(records, backend_states(records)):
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
                      "job_ids": rec.get("job_ids") or [], "state": state, "note": note, "job_dir": rec["job_dir"]})
     if args.json:

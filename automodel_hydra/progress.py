@@ -1,9 +1,10 @@
 """Progress of a sweep while the driver waits for it: jobs submitted / pending / running / done.
 
 :func:`sweep_progress` is a context manager around any blocking wait (``driver.execute`` wraps the backends'
-``wait``). A daemon thread asks each job's backend for its state (``status(record)``, the same call as
+``wait``). A daemon thread asks each job's backend for its state (:func:`backend_states`, the same call as
 ``automodel-hydra status``) and shows the counts: a live ``rich`` bar on a terminal, otherwise one plain line each
-time the counts change, so logs and Slurm output files stay readable.
+time the counts change, so logs and Slurm output files stay readable. Polls are spaced so that asking the scheduler
+takes at most a fifth of the time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import collections
 import contextlib
 import sys
 import threading
+import time
 import typing as tp
 
 if tp.TYPE_CHECKING:
@@ -22,21 +24,46 @@ POLL_S = {"interactive": 1.0}
 DEFAULT_POLL_S = 15.0
 
 
-def job_states(subs: tp.Sequence[Submission]) -> list[str]:
-    """Each job's state from its backend's ``status(record)``; UNKNOWN when the backend cannot tell."""
+def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[tuple[str, str]]:
+    """``(state, note)`` per submission record, from the record's backend: one ``statuses(records)`` call per
+    backend where the backend offers one (e.g. one sacct call for a whole array), else ``status(record)`` per job.
+    A state the backend cannot give is ``("UNKNOWN", why)``; never an error."""
     from automodel_hydra import backends
+    from automodel_hydra.plan import STATES
 
-    states = []
-    for sub in subs:
+    out: list[tuple[str, str]] = [("UNKNOWN", "")] * len(records)
+    by_backend: dict[str, list[int]] = {}
+    for i, rec in enumerate(records):
+        by_backend.setdefault(rec["backend"], []).append(i)
+    for name, idx in by_backend.items():
         try:
-            states.append(backends.get(sub.plan.backend).status(sub.record()))
-        except Exception:  # noqa: BLE001  (a display must never break the wait it decorates)
-            states.append("UNKNOWN")
-    return states
+            module = backends.get(name)
+            batch = getattr(module, "statuses", None)
+            states = batch([records[i] for i in idx]) if batch else [_one(module, records[i]) for i in idx]
+        except Exception as e:  # noqa: BLE001  (a scheduler that cannot be asked is reported, not fatal)
+            states = [e] * len(idx)
+        for i, state in zip(idx, states):
+            if isinstance(state, Exception):
+                out[i] = ("UNKNOWN", f"{type(state).__name__}: {state}".splitlines()[0][:160])
+            else:
+                out[i] = (state, "") if state in STATES else ("UNKNOWN", f"backend reported {state!r}")
+    return out
+
+
+def _one(module: tp.Any, record: dict[str, tp.Any]) -> str | Exception:
+    try:
+        return module.status(record)
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def job_states(subs: tp.Sequence[Submission]) -> list[str]:
+    """Each submitted job's state (see :func:`backend_states`)."""
+    return [state for state, _ in backend_states([s.record() for s in subs])]
 
 
 def summarize(states: tp.Sequence[str]) -> str:
-    """``"4 jobs: 1 pending, 2 running, 1 done (1 COMPLETED)"``."""
+    """``"4 jobs submitted: 1 pending, 2 running, 1 done (1 COMPLETED)"``."""
     from automodel_hydra.plan import FINISHED
 
     count = collections.Counter(states)
@@ -56,7 +83,8 @@ def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
     ----------
     subs: the submissions being waited for.
     tty: force the live rich bar (True) or plain lines (False); None = ``sys.stderr.isatty()``.
-    poll_s: seconds between polls; None = :data:`POLL_S` of the first job's backend.
+    poll_s: seconds between polls (at least 4x the time a poll took); None = :data:`POLL_S` of the first job's
+        backend.
     """
     if len(subs) < 2:
         yield
@@ -90,8 +118,9 @@ def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
 
     def poll() -> None:
         while True:
+            start = time.monotonic()
             show(job_states(subs))
-            if stop.wait(poll_s):
+            if stop.wait(max(poll_s, 4 * (time.monotonic() - start))):
                 return
 
     thread = threading.Thread(target=poll, name="automodel-progress", daemon=True)
@@ -100,7 +129,8 @@ def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
         yield
     finally:
         stop.set()
-        thread.join(timeout=poll_s + 5)
-        show(job_states(subs))  # the final counts, once more
+        thread.join(timeout=5)
+        if not thread.is_alive():  # the final counts, unless the scheduler is slow to answer
+            show(job_states(subs))
         if progress is not None:
             progress.stop()

@@ -38,7 +38,7 @@ def states(sweep: Path) -> dict[int, str]:
 
 def cli_out(*argv: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", *argv], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -67,8 +67,9 @@ def test_status_shows_completed_and_failed_rows(sweep: Path) -> None:
     assert states(sweep) == {0: "COMPLETED", 1: "COMPLETED", 2: "FAILED", 3: "FAILED"}
     # the installed console command prints the table: one row per job
     exe = Path(sys.executable).with_name("automodel-hydra")
-    table = subprocess.run([str(exe), "status", str(sweep)], capture_output=True, text=True, timeout=60).stdout
-    rows = [line for line in table.splitlines() if "interactive" in line]
+    table = subprocess.run([str(exe), "status", str(sweep)], capture_output=True, text=True, timeout=60,
+                           check=True).stdout
+    rows = [line for line in table.splitlines() if line.startswith("│")]
     assert len(rows) == 4
     assert [r.split()[-2] for r in rows] == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], table
     assert "model.name_or_path=/nonexistent/model-dir seed=2" in rows[3]
@@ -156,15 +157,17 @@ def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypa
     def broken(record: dict[str, tp.Any]) -> str:
         raise RuntimeError("sacct: error: Problem talking to the database")
 
-    fakes = {"slurm": types.SimpleNamespace(status=broken), "skypilot": types.SimpleNamespace(status=lambda r: "UP")}
+    fakes = {"slurm": types.SimpleNamespace(status=broken), "skypilot": types.SimpleNamespace(status=lambda r: "UP"),
+             # a backend that answers for many jobs at once is asked once
+             "interactive": types.SimpleNamespace(statuses=lambda records: ["RUNNING"] * len(records))}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
     jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"], "job_dir": str(tmp_path / str(i)),
-             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "skypilot"])]
+             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "skypilot", "interactive"])]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
     assert cli.main(["status", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("UNKNOWN", ["17"])]
+    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("UNKNOWN", ["17"]), ("RUNNING", ["27"])]
     assert "Problem talking to the database" in rows[0]["note"] and "'UP'" in rows[1]["note"]
     assert cli.main(["status", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("UNKNOWN") == 2

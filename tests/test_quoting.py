@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -63,7 +64,8 @@ def test_interactive_trains_in_a_weird_dir_with_a_weird_job_name(weird_path: Pat
     """torchrun.sh (with the nsys prefix and its PATH check) run by the driver: it trains, in the right dir."""
     run = weird_path / "run"
     train_py(f"hydra.run.dir={hq(str(run))}", f"hydra.job.name={hq(WEIRD_JOB)}", "interactive.nproc_per_node=1",
-             "step_scheduler.max_steps=2", "step_scheduler.log_interval=1", "profile=nsys", cwd=tmp_path,
+             "step_scheduler.max_steps=2", "step_scheduler.log_interval=1", "profile=nsys",
+             f"interactive.master_port={random.randrange(20000, 60000)}", cwd=tmp_path,
              env={"PATH": f"{STANDINS}:{os.environ['PATH']}"})
     assert_no_marks(tmp_path)
     assert sorted(p.name for p in weird_path.iterdir()) == ["run"]  # nothing split off the path

@@ -6,11 +6,13 @@ cluster's sweeps are tested in ``test_slurm_cluster_jobs.py`` and ``test_cli.py`
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 import automodel_hydra.config  # noqa: F401  (registers the typed schemas the configs compose with)
+from automodel_hydra.backends.interactive import free_port
 from tests.helpers import CONF, ROOT, compose_cfg, metrics, train_py
 
 SWEEPS = sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml"))
@@ -40,12 +42,15 @@ def test_slurm_nodes_routes_to_slurm() -> None:
 
 
 @pytest.mark.slow
-def test_lr_seed_runs_every_point_locally(tmp_path: Path) -> None:
+def test_lr_seed_runs_locally_and_the_command_line_narrows_it(tmp_path: Path) -> None:
     sweep = tmp_path / "S"
-    train_py("-m", "sweep=lr_seed", "interactive.nproc_per_node=1", *TINY, f"hydra.sweep.dir={sweep}")
+    # one learning rate from the command line (replacing the file's three), both seeds from the file: 2 jobs
+    port = free_port(random.randrange(20000, 40000, 100))  # away from other test runs sharing this machine
+    train_py("-m", "sweep=lr_seed", "optim.lr=3e-3", "interactive.nproc_per_node=1", *TINY,
+             f"interactive.master_port={port}", f"hydra.sweep.dir={sweep}")
     jobs = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
-    points = {tuple(o for o in j["overrides"] if o.startswith(("optim.lr=", "seed="))) for j in jobs}
-    assert len(jobs) == len(points) == 6, points
+    points = [[o for o in j["overrides"] if o.startswith(("optim.lr=", "seed="))] for j in jobs]
+    assert points == [["optim.lr=0.003", "seed=1"], ["optim.lr=0.003", "seed=2"]]
     for job in jobs:
         assert [r["step"] for r in metrics(Path(job["job_dir"]))] == [1, 2]
         assert (Path(job["job_dir"]) / "result.json").exists()
