@@ -290,8 +290,9 @@ class InteractiveConfig:
 
     # workers on this node: "auto" = one per visible GPU, else one per CPU core; or an integer >= 1
     nproc_per_node: str = "auto"
-    # rendezvous port; the next free port is used when it is taken (logged)
-    master_port: int = DEFAULT_MASTER_PORT
+    # rendezvous port; null = one the OS picks, so jobs sharing the host never collide (rank 0 logs it); a port
+    # given here moves to the next free one when taken (logged)
+    master_port: tp.Optional[int] = None
     # torchrun --max-restarts: restart the whole worker group this often after a worker fails
     max_restarts: int = 0
     # sweeps (-m): jobs run side by side on disjoint devices; null = as many as the devices allow
@@ -303,7 +304,8 @@ class InteractiveConfig:
         if self.nproc_per_node != "auto":
             ok = str(self.nproc_per_node).isdigit() and int(self.nproc_per_node) >= 1
             _require(ok, "interactive.nproc_per_node", self.nproc_per_node, "'auto' or an integer >= 1")
-        _check_port("interactive.master_port", self.master_port)
+        if self.master_port is not None:
+            _check_port("interactive.master_port", self.master_port)
         _require(self.max_restarts >= 0, "interactive.max_restarts", self.max_restarts, "must be >= 0")
         _positive("interactive.max_parallel", self.max_parallel)
         _require(self.max_requeues is None, "interactive.max_requeues", self.max_requeues,

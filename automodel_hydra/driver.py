@@ -111,6 +111,8 @@ def should_wait(plan: Plan) -> bool:
 
 def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
     """Submit plans of one backend together; save each job's record and print where to look."""
+    for plan in plans:  # a result left by an earlier run in the same dir must not stand for this one
+        (plan.job.job_dir / "result.json").unlink(missing_ok=True)
     subs = backends.get(plans[0].backend).submit(plans)
     for sub in subs:
         write_record(sub)

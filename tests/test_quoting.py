@@ -169,3 +169,25 @@ def test_skypilot_run_keeps_weird_values_as_data(weird_path: Path, tmp_path: Pat
     assert f"--output={out}/{WEIRD_JOB}_%h_rank%q{{RANK}}" in argv and f"--opt={WEIRD_VALUE}" in argv
     assert argv[argv.index("automodel_hydra.worker") + 1] == f"{home}/automodel/{task['name']}/launch/job.yaml"
     assert_no_marks(tmp_path)
+
+
+@pytest.mark.slurm
+def test_sbatch_itself_reads_a_weird_job_name_and_log_dir_whole(slurm_cluster, weird_path: Path,
+                                                                 tmp_path: Path) -> None:
+    """``#SBATCH`` lines are read by sbatch, not bash: submit the planned script to the real cluster, held, and ask
+    Slurm what it understood."""
+    run = weird_path.with_name(weird_path.name.replace("\n", " ")) / "run"
+    job_name = WEIRD_JOB.replace("\n", " \\ ")
+    train_py("launcher=slurm", f"hydra.run.dir={hq(str(run))}", f"slurm.job_name={hq(job_name)}",
+             "slurm.partition=debug", "slurm.gpus_per_node=0", "slurm.ntasks_per_node=1", "slurm.time=00:10:00",
+             "dry_run=true", cwd=tmp_path)
+    job_id = slurm_cluster.sbatch("--hold", str(run / "launch" / "sbatch.sh"))
+    try:
+        name = slurm_cluster.run("squeue", "-h", "-j", job_id, "-o", "%j").stdout.rstrip("\n")
+        info = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+    finally:
+        slurm_cluster.run("scancel", job_id, check=False)
+    assert name == job_name
+    stdout = next(line.strip()[len("StdOut="):] for line in info.splitlines() if line.strip().startswith("StdOut="))
+    assert stdout.startswith(f"{run}/slurm/"), stdout
+    assert_no_marks(tmp_path)

@@ -57,7 +57,7 @@ def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Payload:
     nproc: int
-    master_port: int
+    master_port: int | None
     max_parallel: int | None
     uses_gpus: bool
 
@@ -70,19 +70,20 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
     worker = worker_argv(job, python=sys.executable)
     prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                f"--max_restarts={ic.max_restarts}", "--master_addr=127.0.0.1"]
+                f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d"]
     # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
     tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
     lines = [
         "#!/usr/bin/env bash",
         # issue 7: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
         f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
-        "# MASTER_PORT is chosen free at start (base interactive.master_port) and logged.",
+        "# Rendezvous port: AUTOMODEL_RDZV_PORT (interactive.master_port, moved to a free one at start), or 0: the",
+        "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
         "set -euo pipefail",
         *nsys_check_lines(cfg.profile.nsys),
         f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
-        "exec " + shlex.join(torchrun) + ' --master_port="${MASTER_PORT:-' + str(ic.master_port) + '}" '
+        "exec " + shlex.join(torchrun) + ' --rdzv-endpoint="127.0.0.1:${AUTOMODEL_RDZV_PORT:-0}" '
         + shlex.join(tail),
         "",
     ]
@@ -141,7 +142,8 @@ class _Scheduler:
                         self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
                         continue
                     devices, free = free[:need], free[need:]
-                    port = free_port(self.plans[i].payload.master_port, ports)
+                    base = self.plans[i].payload.master_port
+                    port = None if base is None else free_port(base, ports)
                     ports.add(port)
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
@@ -157,17 +159,20 @@ class _Scheduler:
                     ports.discard(port)
                     self.futures[i].set_result(_result(self.plans[i], proc.returncode))
 
-    def _start(self, i: int, devices: list[int], port: int, packed: bool) -> subprocess.Popen[bytes]:
+    def _start(self, i: int, devices: list[int], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
-        env = dict(os.environ, MASTER_PORT=str(port))
+        env = dict(os.environ)
+        env.pop("AUTOMODEL_RDZV_PORT", None)
+        if port is not None:
+            env["AUTOMODEL_RDZV_PORT"] = str(port)
         preexec = None
         if packed and plan.payload.uses_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         elif packed:
             env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.payload.nproc))
             preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
-        log.info("job %s: torchrun with %d worker(s), rendezvous port %d%s", plan.job.job_num or 0,
-                 plan.payload.nproc, port, f", devices {devices}" if packed else "")
+        log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
+                 plan.payload.nproc, port or "picked by the OS (rank 0 logs it)", f", devices {devices}" if packed else "")
         out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
                                 start_new_session=True, preexec_fn=preexec)

@@ -217,8 +217,11 @@ def render(payload: Payload, job_dirs: tp.Sequence[Path], array: bool = False) -
     srun += payload.srun_args
     setup = [payload.setup[0], *select, *payload.setup[1:]]
     folder = str(root / "slurm").replace("%", "%%")  # sbatch(1) "filename pattern": %% is a literal %
-    return _make_sbatch_string(command=payload.command, folder=folder, setup=setup, srun_args=srun,
+    text = _make_sbatch_string(command=payload.command, folder=folder, setup=setup, srun_args=srun,
                                map_count=len(job_dirs) if array else None, **params)
+    # issue 7: sbatch's #SBATCH parser reads a backslash as an escape even inside quotes (src/sbatch/opt.c,
+    # _get_argument), so a run dir "a\ b" came out as "a  b" for --output; bash never reads these lines
+    return "\n".join(line.replace("\\", "\\\\") if line.startswith("#SBATCH") else line for line in text.split("\n"))
 
 
 def log_root(job_dirs: tp.Sequence[Path], array: bool) -> Path:
