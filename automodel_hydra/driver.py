@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> tp.Any:
     one-line error naming the key (status 2) before anything is written or started."""
     try:
         plan = plan_job(cfg)
-    except (config.ConfigError, OmegaConfBaseException) as e:
+    except (ValueError, OmegaConfBaseException) as e:  # ConfigError is a ValueError; plans raise ValueError too
         fail(str(e).splitlines()[0] if isinstance(e, config.ConfigError) else str(e))
     collector = _COLLECTOR.get()
     # issue 7: select, not cfg.dry_run: a plain AutoModel-style config (no defaults list) has no dry_run key

@@ -414,6 +414,8 @@ def plan_figures(t: PairTask, sizes: tuple[int, int]) -> list[Figure]:
                f"{small} jobs {t.med(1, wall):.1f}s", n, spread(t.ratios(wall))),
         Figure("array_plan_s_per_job", median(per_job), f"marginal cpu-s/job, {small}->{big}",
                f"wall {median(per_job_wall):.3f} s/job", n),
+        Figure("array_plan_driver_rss_mb", max(a.self_hwm_mb or 0 for a, _ in t.pairs), f"{big}-job dry run",
+               f"{small} jobs: {max(b.self_hwm_mb or 0 for _, b in t.pairs):.0f} MB", n),
     ]
 
 
@@ -424,7 +426,7 @@ def ckpt_figures(work: Path, rounds: int) -> list[Figure]:
     res = json.loads([ln for ln in run.log.read_text().splitlines() if ln.startswith("{")][-1])
     return [
         Figure("ckpt_async_stall_ratio", res["ratio"], f"async {res['async_stall_s'] * 1e3:.0f} ms",
-               f"sync {res['sync_stall_s'] * 1e3:.0f} ms", f"{rounds} rounds x {len(res['sync_all']) // rounds} saves",
+               f"sync {res['sync_stall_s'] * 1e3:.0f} ms", f"{rounds} round pairs",
                f"{spread(res['round_ratios'])}; {res['state_mb']:.0f} MB state"),
         Figure("ckpt_async_step_slowdown", res["async_step_slowdown"], "step time with the write in flight / without",
                "", ""),
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "ckpt" in only:
         try:
-            figures["ckpt"] = ckpt_figures(work, 3 if q else 6)
+            figures["ckpt"] = ckpt_figures(work, 4 if q else 8)
         except Fail as e:
             failed["ckpt"] = str(e)
         progress(f"ckpt done at {time.perf_counter() - t_start:.0f}s")

@@ -14,7 +14,6 @@ import os
 import secrets
 import subprocess
 import sys
-import typing as tp
 from pathlib import Path
 
 import pytest
@@ -138,8 +137,8 @@ def _run(case: Case, base: Path) -> tuple[Path, subprocess.CompletedProcess[str]
     args = [a.replace("@RUN@", str(run)).replace("@CONF@", str(base / "conf")) for a in case.args]
     if "++dry_run=true" not in args:  # plain AutoModel configs have no dry_run key: they add it
         args.append("dry_run=true")
-    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"], cwd=base, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"], cwd=base,
+                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     return run, proc
 
 
@@ -226,7 +225,8 @@ REAL_SLURM = ["slurm.nodes=0", "slurm.time=00:03:00", f"slurm.extra_mounts=[{{so
 def test_bad_input_submits_nothing_to_a_real_cluster(slurm_cluster, tmp_path: Path) -> None:
     name = f"bad-{secrets.token_hex(4)}"
     procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), "launcher=slurm", "slurm.partition=debug",
-                               "slurm.gpus_per_node=0", f"slurm.job_name={name}", bad, f"hydra.run.dir={tmp_path / str(i)}"],
+                               "slurm.gpus_per_node=0", f"slurm.job_name={name}", bad,
+                               f"hydra.run.dir={tmp_path / str(i)}"],
                               env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i, bad in enumerate(REAL_SLURM)]
     for bad, p in zip(REAL_SLURM, procs):

@@ -11,9 +11,9 @@ script planned in-process; here it is end to end, through Hydra, as a job array.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -64,8 +64,7 @@ def test_interactive_trains_in_a_weird_dir_with_a_weird_job_name(weird_path: Pat
     """torchrun.sh (with the nsys prefix and its PATH check) run by the driver: it trains, in the right dir."""
     run = weird_path / "run"
     train_py(f"hydra.run.dir={hq(str(run))}", f"hydra.job.name={hq(WEIRD_JOB)}", "interactive.nproc_per_node=1",
-             "step_scheduler.max_steps=2", "step_scheduler.log_interval=1", "profile=nsys",
-             f"interactive.master_port={random.randrange(20000, 60000)}", cwd=tmp_path,
+             "step_scheduler.max_steps=2", "step_scheduler.log_interval=1", "profile=nsys", cwd=tmp_path,
              env={"PATH": f"{STANDINS}:{os.environ['PATH']}"})
     assert_no_marks(tmp_path)
     assert sorted(p.name for p in weird_path.iterdir()) == ["run"]  # nothing split off the path
@@ -133,14 +132,14 @@ def test_skypilot_run_keeps_weird_values_as_data(weird_path: Path, tmp_path: Pat
     # the mount point may not hold spaces (config rule); everything else a shell would trip on, it may (tabs split)
     mount = f"{tmp_path}/ck;'q'\"dq\"$(touch\tMARKB)`touch\tMARKC`$HOME"
     run_dir = weird_path / "run"
-    train_py("launcher=skypilot", "skypilot.accelerators=null", "skypilot.setup=null", f"hydra.run.dir={hq(str(run_dir))}",
-             f"hydra.job.name={hq(WEIRD_JOB)}", f"skypilot.checkpoint_mount={hq(mount)}",
+    train_py("launcher=skypilot", "skypilot.accelerators=null", "skypilot.setup=null",
+             f"hydra.run.dir={hq(str(run_dir))}", f"hydra.job.name={hq(WEIRD_JOB)}", f"skypilot.checkpoint_mount={hq(mount)}",
              "skypilot.checkpoint_bucket=my-bucket", f"++skypilot.env_vars.NOTE={hq(WEIRD_VALUE)}", "profile=nsys",
              f"profile.nsys.extra_args=[{hq('--opt=' + WEIRD_VALUE)}]", "dry_run=true", cwd=tmp_path)
     task = yaml.safe_load((run_dir / "launch" / "sky_task.yaml").read_text())
     assert task["envs"]["NOTE"] == WEIRD_VALUE  # SkyPilot exports envs itself; the YAML carries the exact value
     node_cfg = yaml.safe_load((run_dir / "launch" / "job.sky.yaml").read_text())
-    assert set(node_cfg) <= {f.name for f in __import__("dataclasses").fields(TrainConfig)}  # no injected keys
+    assert set(node_cfg) <= {f.name for f in dataclasses.fields(TrainConfig)}  # no keys injected by the job name
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

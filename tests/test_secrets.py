@@ -12,7 +12,6 @@ test_skypilot_launch.py.
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import subprocess
 import sys
@@ -54,8 +53,7 @@ def test_no_launcher_writes_or_prints_the_token(tmp_path: Path) -> None:
         runs[f"{launcher}-sweep-plan"] = _start(["-m", f"launcher={launcher}", *refs, "seed=1,2", "dry_run=true",
                                                  f"hydra.sweep.dir={out}/{launcher}-sweep-plan"], env, tmp_path)
     # real interactive runs, single and a sweep (its jobs' torchrun output goes to launch/torchrun.out)
-    train = ["step_scheduler.max_steps=3", "step_scheduler.checkpoint_interval=2", "step_scheduler.log_interval=1",
-             f"interactive.master_port={random.randrange(20000, 60000)}"]  # away from other test sessions' torchruns
+    train = ["step_scheduler.max_steps=3", "step_scheduler.checkpoint_interval=2", "step_scheduler.log_interval=1"]
     runs["interactive-run"] = _start([*train, "interactive.nproc_per_node=2", f"hydra.run.dir={out}/run"], env,
                                      tmp_path)
     runs["interactive-sweep"] = _start(["-m", *train, "interactive.nproc_per_node=1", "seed=1,2",

@@ -171,7 +171,7 @@ def train(cfg: TrainConfig, env: DistEnv, should_stop: tp.Callable[[], bool] = l
     model = build_model(cfg, env.device)
     if _distributed(env):
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-                    broadcast_buffers=False)
+                    forward_sync_buffers=False)
     raw_model = model.module if isinstance(model, DDP) else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     checkpointer = CheckpointManager(cfg.checkpoint_dir, enabled=cfg.checkpoint.enabled,
