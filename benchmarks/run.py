@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """automodel-hydra benchmarks: our launcher against the plain alternative, as ratios measured side by side.
 
-    python benchmarks/run.py --quick      # ~3-5 min on a 2-core machine
-    python benchmarks/run.py              # more repetitions and the full 100 -> 1000 job plan (~15 min)
+    .venv/bin/python benchmarks/run.py --quick   # ~4-5 min on 2 cores: extra pairs only while a 270 s budget lasts
+    .venv/bin/python benchmarks/run.py           # 7/4/1 pairs and the full 100 -> 1000 job plan (~10-15 min)
 
-Prints one ``name=value`` line per figure, then a table and what each figure compares. This machine is shared and
-noisy, so every figure is a ratio of two measurements taken in the same run, with A and B repetitions interleaved
-(A B, then B A, ...) so that drift hits both alike; the ratio reported is the median of the per-pair ratios.
+Prints one ``name=value`` line per figure, then a table and what each figure compares (progress goes to stderr).
+The machine is shared and noisy, so every figure is a ratio of two measurements taken in the same run: A and B run
+back to back as a pair, pair order alternates (A B, B A, ...), pairs of different figures are interleaved, and the
+value reported is the median of the per-pair ratios.
 
 Figures (goal in brackets):
 
@@ -19,7 +20,9 @@ Figures (goal in brackets):
 * ``sweep_packing_ratio`` [<= 0.7]: a 4-job, 1-rank sweep under our interactive launcher (jobs packed onto free
   cores) / the same sweep under Hydra's ``basic`` launcher (one job at a time, the stock alternative).
 * ``array_plan_growth_ratio`` [<= 12]: dry-run planning time of a 10x larger Slurm sweep (1000 vs 100 jobs;
-  --quick: 100 vs 10) -- linear growth gives ~10, less when fixed start-up counts; also seconds per job.
+  --quick: 100 vs 10) -- linear growth gives ~10, less when fixed start-up counts; also seconds per job. Time is
+  the CPU time of the planning process (one single-threaded, CPU-bound process: its wall time on an idle core);
+  the wall-time ratio is printed next to it.
 * ``ckpt_async_stall_ratio`` [<= 0.3]: training-thread time inside ``CheckpointManager.save`` with
   ``async_save=True`` / ``async_save=False``, same ~48 MB model+optimizer state (benchmarks/ckpt_stall.py).
 
@@ -81,6 +84,7 @@ class Run:
     cpu_s: float  # user+sys of the command and every descendant it waited for
     tree_maxrss_mb: float  # largest single process of the tree (ru_maxrss of wait4)
     self_hwm_mb: float | None  # the command's own process: VmHWM, polled
+    self_cpu_s: float | None  # the command's own process: utime+stime, polled (last reading before it exited)
     first_step_s: float | None  # command start -> first non-empty metrics file
     log: Path
 
@@ -106,6 +110,18 @@ def _vm_hwm_kb(pid: int) -> int | None:
     return None
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _self_cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of stat(5))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metrics: tp.Sequence[Path] = (),
           timeout: float = 600.0) -> Run:
     """Run ``argv`` (cwd = repo root, output to ``log``) and measure it.
@@ -116,6 +132,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
     log.parent.mkdir(parents=True, exist_ok=True)
     done = threading.Event()
     hwm: list[int] = [0]
+    self_cpu: list[float | None] = [None]
     first: list[float | None] = [None]
     with open(log, "wb") as out:
         t0 = time.perf_counter()
@@ -126,6 +143,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
                 kb = _vm_hwm_kb(proc.pid)
                 if kb:
                     hwm[0] = max(hwm[0], kb)
+                    self_cpu[0] = _self_cpu_s(proc.pid) or self_cpu[0]
                 if first[0] is None:
                     for m in metrics:
                         try:
@@ -157,7 +175,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
         mon.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     return Run(argv, proc.returncode, wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024,
-               hwm[0] / 1024 if hwm[0] else None, first[0], log)
+               hwm[0] / 1024 if hwm[0] else None, self_cpu[0], first[0], log)
 
 
 def free_port() -> int:
@@ -286,6 +304,25 @@ def cpu(r: Run) -> float:
 # ----------------------------------------------------------------------------------------------- the benchmarks
 
 
+def planned_command(script: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that a planned ``launch/torchrun.sh`` would ``exec``: bash runs the script with its
+    ``exec`` turned into a NUL-separated print of the expanded command, then prints its environment; so whatever
+    the script exports or expands (PYTHONPATH, the rendezvous port variable) is exactly what B gets, minus the
+    bash hop. The rendezvous port is given as both MASTER_PORT and AUTOMODEL_RDZV_PORT."""
+    lines = script.splitlines()
+    n = sum(1 for ln in lines if ln.startswith("exec "))
+    if n != 1:
+        raise RuntimeError(f"expected one 'exec' line in the planned torchrun.sh, found {n}")
+    body = "\n".join("printf '%s\\0' " + ln[len("exec "):] + "; printf '\\1'; env -0" if ln.startswith("exec ") else ln
+                     for ln in lines)
+    env = dict(os.environ, MASTER_PORT=str(port), AUTOMODEL_RDZV_PORT=str(port))
+    out = subprocess.run(["bash", "-c", body], env=env, capture_output=True, check=True).stdout.decode()
+    argv_part, _, env_part = out.partition("\1")
+    argv = argv_part.split("\0")[:-1]
+    env_out = dict(kv.split("=", 1) for kv in env_part.split("\0") if "=" in kv)
+    return argv, env_out
+
+
 def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, Run]:
     """A = ``python train.py`` (one step, 2 ranks); B = bare torchrun of the same worker command and job file."""
     # B's job file and exact worker command come from a dry run of the same config, made here, outside the timing
@@ -293,11 +330,7 @@ def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, R
     dry = checked("dry run", timed([PY, "train.py", f"hydra.run.dir={proto}", *TRIVIAL, "interactive.nproc_per_node=2",
                                     "dry_run=true"], work / "logs" / "launch-dry.log"))
     job = yaml.safe_load((proto / "launch" / "job.yaml").read_text())
-    exec_line = next(ln for ln in (proto / "launch" / "torchrun.sh").read_text().splitlines()
-                     if ln.startswith("exec "))
-    base_argv = shlex.split(exec_line[len("exec "):])
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env_b = dict(os.environ, PYTHONPATH=pythonpath, PYTHONUNBUFFERED="1")  # what torchrun.sh exports
+    script = (proto / "launch" / "torchrun.sh").read_text()
 
     def ours(i: int) -> Run:
         d = work / f"launch-ours-{i}"
@@ -312,14 +345,12 @@ def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, R
         job_file = d / "launch" / "job.yaml"
         job_file.write_text(yaml.safe_dump(dict(job, output_dir=str(d)), sort_keys=False))
 
-        def argv() -> list[str]:
-            out = [f"--master_port={free_port()}" if a.startswith("--master_port=") else a.replace(str(proto), str(d))
-                   for a in base_argv]
-            assert str(job_file) in out, out
-            return out
+        def run() -> Run:
+            argv, env = planned_command(script.replace(str(proto), str(d)), free_port())
+            assert str(job_file) in argv, argv
+            return timed(argv, work / "logs" / f"launch-bare-{i}.log", env=env, metrics=[d / "metrics.jsonl"])
 
-        return retry("bare torchrun", lambda: timed(argv(), work / "logs" / f"launch-bare-{i}.log", env=env_b,
-                                                    metrics=[d / "metrics.jsonl"]))
+        return retry("bare torchrun", run)
 
     return PairTask("launch", ours, bare, min_pairs, max_pairs), dry
 
@@ -337,6 +368,8 @@ def launch_figures(t: PairTask, dry: Run) -> list[Figure]:
         Figure("launch_overhead_s", median(diffs), "A - B, wall", "", n, spread(diffs)),
         Figure("launch_cpu_ratio", median(cpu_ratios), f"{t.med(0, cpu):.1f} cpu-s", f"{t.med(1, cpu):.1f} cpu-s", n,
                spread(cpu_ratios)),
+        Figure("driver_cpu_s", median([a.self_cpu_s for a, _ in t.pairs if a.self_cpu_s is not None]),
+               "utime+stime of the train.py process itself", "", n),
         Figure("driver_dry_run_s", dry.wall_s, "train.py dry_run=true: start, compose, plan, exit", "", "1"),
         Figure("time_to_first_step_s", median(firsts) if firsts else None, "train.py",
                f"bare {median(firsts_b):.1f}s" if firsts_b else "", f"{len(firsts)}"),
@@ -484,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds after which no optional pair is started (default: 270 with --quick, none without)")
     ap.add_argument("--only", default="ckpt,launch,sweep,plan", help="comma list of: ckpt,launch,sweep,plan")
     ap.add_argument("--pairs", default=None,
-                    help="LAUNCH,SWEEP,PLAN maximum pairs (default: --quick 3,3,1 with minimums 2,1,1; else 5,4,1)")
+                    help="LAUNCH,SWEEP,PLAN maximum pairs (default: --quick 5,3,1 with minimums 2,1,1; else 7,4,1)")
     ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100)")
     ap.add_argument("--sweep-steps", type=int, default=1, help="training steps per sweep job")
     ap.add_argument("--json", default=None, help="also write every figure to this JSON file")
@@ -493,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     q = args.quick
     budget = args.budget if args.budget is not None else (270.0 if q else float("inf"))
-    max_pairs = [int(x) for x in (args.pairs or ("3,3,1" if q else "5,4,1")).split(",")]
+    max_pairs = [int(x) for x in (args.pairs or ("5,3,1" if q else "7,4,1")).split(",")]
     min_pairs = [min(m, x) for m, x in zip((2, 1, 1) if q else max_pairs, max_pairs)]
     sizes = tuple(int(x) for x in (args.plan_sizes or ("10,100" if q else "100,1000")).split(","))
     assert len(sizes) == 2 and sizes[1] > sizes[0] > 0
