@@ -97,11 +97,15 @@ def run(cfg: DictConfig) -> tp.Any:
     if collector is not None:
         collector.append((plan, False))
         return Pending(plan)
-    (sub,) = submit([plan])
-    if not should_wait(plan):
-        return None
-    (result,) = backends.get(plan.backend).wait([sub])
-    return value_or_raise(sub, result)
+    try:
+        (sub,) = submit([plan])
+        if not should_wait(plan):
+            return None
+        (result,) = backends.get(plan.backend).wait([sub])
+        return value_or_raise(sub, result)
+    except (JobFailedError, RuntimeError, OSError) as e:  # the job's own output above says the rest
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def should_wait(plan: Plan) -> bool:

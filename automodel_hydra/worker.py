@@ -72,11 +72,14 @@ def stop_when_parent_dies(signum: int = signal.SIGTERM) -> None:
 
 
 def setup_logging(rank: int, log_file: str | None) -> None:
-    """Rank 0 logs INFO to stderr and appends to the job log; other ranks log warnings only."""
+    """Rank 0 logs INFO to stderr and appends to the job log; other ranks log warnings to stderr and append only
+    their errors to the job log (so a failing rank's traceback is in the log ``automodel-hydra logs`` shows)."""
     fmt = f"[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if rank == 0 and log_file:
-        handlers.append(logging.FileHandler(log_file, mode="a"))
+    if log_file:
+        to_file = logging.FileHandler(log_file, mode="a")
+        to_file.setLevel(logging.INFO if rank == 0 else logging.ERROR)
+        handlers.append(to_file)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=fmt, handlers=handlers,
                         force=True)
 
@@ -117,10 +120,14 @@ def run(job_file: str | Path, log_file: str | None = None) -> dict[str, tp.Any]:
         stop_when_parent_dies()
     env = DistEnv.from_environ()
     setup_logging(env.rank, log_file)
-    cfg = config.load(OmegaConf.load(job_file))
-    with init_distributed(env) as dist_env:
-        log.info("%r on %s", env, dist_env.device)
-        result = llm_finetune.train(cfg, dist_env, should_stop=stop)
+    try:
+        cfg = config.load(OmegaConf.load(job_file))
+        with init_distributed(env) as dist_env:
+            log.info("%r on %s", env, dist_env.device)
+            result = llm_finetune.train(cfg, dist_env, should_stop=stop)
+    except Exception:
+        log.exception("rank %d failed", env.rank)
+        raise
     if result.get("stopped_early"):
         if not requeues_left():
             log.warning("stopped at step %s on a signal; not requeued", result.get("step"))

@@ -118,3 +118,20 @@ def test_bare_variable_name_warns() -> None:
 def test_unknown_key_in_plain_dict_is_rejected(tmp_path) -> None:
     with pytest.raises(ConfigKeyError, match="nodez"):
         config.load({"output_dir": str(tmp_path), "slurm": {"nodez": 2}})
+
+
+def test_automodel_style_config_file_routes_to_slurm_and_sweeps_as_one_array(tmp_path) -> None:
+    from tests.helpers import train_py
+
+    (tmp_path / "am_slurm.yaml").write_text(
+        "defaults:\n  - llm_finetune\n  - _self_\n"
+        "slurm:\n  nodes: 2\n  ntasks_per_node: 8\n  time: '04:00:00'\n  partition: batch\n"
+        "  env_vars:\n    HF_TOKEN: ${HF_TOKEN}\n"
+        "step_scheduler:\n  ckpt_every_steps: 20\n")
+    cfg = ["--config-dir", str(tmp_path), "--config-name", "am_slurm", "dry_run=true"]
+    train_py(*cfg, f"hydra.run.dir={tmp_path / 'run'}")
+    script = (tmp_path / "run" / "launch" / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=batch" in script
+    assert 'export HF_TOKEN="${HF_TOKEN}"' in script
+    train_py("-m", *cfg, "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert (tmp_path / "sweep" / "launch" / "sbatch.sh").read_text().count("#SBATCH --array=0-1") == 1

@@ -72,3 +72,43 @@ def test_taken_port_moves_to_next_free_one_and_dry_run_script_runs_by_hand(tmp_p
 ])
 def test_nproc_per_node(value: str, gpus: int, cpus: int, expected: int) -> None:
     assert resolve_nproc(value, gpus, cpus) == expected
+
+
+@pytest.mark.slow
+def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(tmp_path) -> None:
+    import os
+    import sys
+    import time
+
+    from automodel_hydra.backends import interactive
+    from tests.helpers import ROOT
+
+    run = tmp_path / "R"
+    args = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run}", "step_scheduler.max_steps=400",
+            "interactive.nproc_per_node=1", "step_scheduler.log_interval=1"]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run / "metrics.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        record = {"job_dir": str(run)}
+        assert interactive.status(record) == "RUNNING"
+        second = train_py(f"hydra.run.dir={run}", "step_scheduler.max_steps=2", "interactive.nproc_per_node=1",
+                          check=False)
+        assert second.returncode == 1
+        assert f"{run} is in use by another run" in second.stdout
+    finally:
+        first.terminate()
+        first.wait(timeout=120)
+    assert interactive.status({"job_dir": str(run)}) != "RUNNING"
+    # a pid file naming a process that is not this job's (a recycled pid) is never signalled
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (run / "launch" / "pid").write_text(f"{bystander.pid}\n")
+        interactive.cancel({"job_dir": str(run)})
+        time.sleep(0.2)
+        assert bystander.poll() is None
+        assert interactive.status({"job_dir": str(run)}) in ("FAILED", "CANCELLED")
+    finally:
+        os.killpg(bystander.pid, 9)
+        bystander.wait()

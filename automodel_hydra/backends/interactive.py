@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -83,6 +84,7 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
         *nsys_check_lines(cfg.profile.nsys),
         f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONUNBUFFERED=1",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, len(cpu_cores()) // nproc)}}}  # CPU threads per worker",
         "exec " + shlex.join(torchrun) + ' --rdzv-endpoint="127.0.0.1:${AUTOMODEL_RDZV_PORT:-0}" '
         + shlex.join(tail),
         "",
@@ -111,11 +113,50 @@ def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
     raise RuntimeError(f"no free TCP port in {start}..{start + 1999}")
 
 
+LOCK = "lock"
+
+
+def lock_job_dir(job: JobSpec) -> int:
+    """Take the job dir's run lock (``flock`` on ``launch/lock``) and return its fd; the torchrun group inherits it,
+    so the lock lives exactly as long as the job's processes, whoever started them.
+
+    Raises RuntimeError naming the dir and the holder's pid when another run is using this dir (two runs writing
+    one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
+    path = job.launch_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RuntimeError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
+                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    (job.launch_dir / "pid").unlink(missing_ok=True)  # a pid left by an earlier run names another process now
+    return fd
+
+
+def job_running(job_dir: Path) -> bool:
+    """Whether a run holds the job dir's lock right now (no pid guessing: a recycled pid cannot fool it)."""
+    path = Path(job_dir) / "launch" / LOCK
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
-    def __init__(self, plans: tp.Sequence[Plan], quiet: bool) -> None:
-        self.plans, self.quiet = plans, quiet
+    def __init__(self, plans: tp.Sequence[Plan], quiet: bool, locks: tp.Sequence[int]) -> None:
+        self.plans, self.quiet, self.locks = plans, quiet, locks
         first = plans[0].payload
         self.slots = list(range(cuda_device_count())) if first.uses_gpus else cpu_cores()
         self.max_parallel = first.max_parallel or len(plans)
@@ -175,7 +216,8 @@ class _Scheduler:
                  plan.payload.nproc, port or "picked by the OS (rank 0 logs it)", f", devices {devices}" if packed else "")
         out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
-                                start_new_session=True, preexec_fn=preexec)
+                                start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],))
+        os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
         (plan.job.launch_dir / "pid").write_text(f"{proc.pid}\n")
         self.procs[i] = proc
         return proc
@@ -209,7 +251,15 @@ def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
     """Start the planned torchrun groups (packed onto free devices). Returns at once; see :func:`wait`."""
     for p in plans:  # issue 6: a rerun in the same dir starts uncancelled
         (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
-    sched = _Scheduler(plans, quiet=len(plans) > 1)
+    locks: list[int] = []
+    try:
+        for p in plans:  # every dir is ours before anything starts
+            locks.append(lock_job_dir(p.job))
+    except RuntimeError:
+        for fd in locks:
+            os.close(fd)
+        raise
+    sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks)
     sched.start()
     return [Submission(p, ids=[], log_path=str(p.job.log_file), handle=(sched, f)) for p, f in zip(plans, sched.futures)]
 
@@ -253,16 +303,16 @@ def _raise_on_termination() -> tp.Callable[[], None]:
 
 
 def status(record: dict[str, tp.Any]) -> str:
-    """State of a past interactive job from what it left behind (there is no scheduler to ask)."""
+    """State of a past interactive job from what it left behind (there is no scheduler to ask): RUNNING while its
+    processes hold the dir's run lock, COMPLETED when rank 0 wrote ``result.json``, else FAILED/CANCELLED."""
     job_dir = Path(record["job_dir"])
+    if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
+        return "RUNNING" if _pid(job_dir) is not None else "PENDING"
     if (job_dir / "result.json").exists():
         return "COMPLETED"
-    pid = _pid(job_dir)
-    if pid is None:
-        return "CANCELLED" if (job_dir / "launch" / CANCELLED_MARK).exists() else "PENDING"  # issue 6
-    if Path(f"/proc/{pid}").exists():
-        return "RUNNING"
-    return "CANCELLED" if (job_dir / "launch" / CANCELLED_MARK).exists() else "FAILED"  # issue 6: torchrun exits 1
+    if (job_dir / "launch" / CANCELLED_MARK).exists():  # issue 6: torchrun itself exits 1 on SIGTERM
+        return "CANCELLED"
+    return "FAILED" if _pid(job_dir) is not None else "PENDING"
 
 
 def _pid(job_dir: Path) -> int | None:
@@ -273,7 +323,8 @@ def _pid(job_dir: Path) -> int | None:
 def cancel(record: dict[str, tp.Any]) -> None:
     """SIGTERM the job's torchrun process group (workers checkpoint at the next step, then exit)."""
     (Path(record["job_dir"]) / "launch" / CANCELLED_MARK).touch()  # issue 6: read by status and by the queue
-    pid = _pid(Path(record["job_dir"]))
-    if pid is not None:
+    job_dir = Path(record["job_dir"])
+    pid = _pid(job_dir)
+    if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
