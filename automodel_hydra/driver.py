@@ -71,6 +71,9 @@ def plan_job(cfg: DictConfig, job: JobSpec | None = None) -> Plan:
     if warning:
         log.warning(warning)
     plan = backends.get(train_cfg.backend).plan(train_cfg, job)
+    if backends.get("interactive").job_running(job.job_dir):  # never rewrite the files of a job still running
+        raise RuntimeError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
+                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
     job.launch_dir.mkdir(parents=True, exist_ok=True)
     job.job_file.write_text(yaml.safe_dump(config.to_dict(train_cfg), sort_keys=False))
     write_plan_files(plan)
@@ -84,7 +87,7 @@ def run(cfg: DictConfig) -> tp.Any:
     one-line error naming the key (status 2) before anything is written or started."""
     try:
         plan = plan_job(cfg)
-    except (ValueError, OmegaConfBaseException) as e:  # ConfigError is a ValueError; plans raise ValueError too
+    except (ValueError, RuntimeError, OmegaConfBaseException) as e:  # ConfigError is a ValueError
         fail(str(e).splitlines()[0] if isinstance(e, config.ConfigError) else str(e))
     collector = _COLLECTOR.get()
     # issue 7: select, not cfg.dry_run: a plain AutoModel-style config (no defaults list) has no dry_run key

@@ -95,8 +95,9 @@ def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(
         assert interactive.status(record) == "RUNNING"
         second = train_py(f"hydra.run.dir={run}", "step_scheduler.max_steps=2", "interactive.nproc_per_node=1",
                           check=False)
-        assert second.returncode == 1
-        assert f"{run} is in use by another run" in second.stdout
+        assert second.returncode == 2
+        assert f"{run} is in use by a running job" in second.stdout
+        assert "max_steps: 400" in (run / "launch" / "job.yaml").read_text()  # the running job's plan is intact
     finally:
         first.terminate()
         first.wait(timeout=120)
