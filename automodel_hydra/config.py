@@ -15,6 +15,7 @@ Two layers catch bad input before anything is submitted or started:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import typing as tp
@@ -25,8 +26,10 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-#: Default rendezvous port, as in NeMo AutoModel's launcher.
-DEFAULT_MASTER_PORT = 13742
+from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
+
+#: Default rendezvous port, as in NeMo AutoModel's launcher (one value, owned by the bootstrap that uses it).
+DEFAULT_MASTER_PORT = DEFAULT_PORT
 #: Slurm's section and SkyPilot's section: the launcher a config routes to (SPEC section 1).
 BACKEND_SECTIONS = ("slurm", "skypilot")
 
@@ -399,8 +402,8 @@ class SlurmConfig:
         _positive("slurm.ntasks_per_node", self.ntasks_per_node)
         minutes = parse_slurm_time(self.time)
         _check_port("slurm.master_port", self.master_port)
-        _require(self.master_port + 999 <= 65535, "slurm.master_port", self.master_port,
-                 "must leave room for the per-job offset (<= 64536)")
+        _require(self.master_port + PORT_SPAN - 1 <= 65535, "slurm.master_port", self.master_port,
+                 f"must leave room for the per-job offset (<= {65536 - PORT_SPAN})")
         _positive("slurm.gpus_per_node", self.gpus_per_node, 0)
         _positive("slurm.cpus_per_task", self.cpus_per_task)
         _require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
@@ -614,10 +617,16 @@ def load(cfg: DictConfig | dict) -> TrainConfig:
     for section, env in raw_env.items():
         data[section]["env_vars"] = {k: str(v).replace("${", "\\${") if v is not None else "" for k, v in env.items()}
     # ${hydra:...} resolves through Hydra's global HydraConfig, set inside every Hydra job
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), data)
+    merged = OmegaConf.merge(_schema(), data)  # merge copies: the cached schema is never modified
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, TrainConfig)
     return obj
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> DictConfig:
+    """The structured TrainConfig node, built once per process (a sweep loads one config per job)."""
+    return OmegaConf.structured(TrainConfig)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, tp.Any]:

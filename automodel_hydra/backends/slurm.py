@@ -49,6 +49,7 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.bootstrap import PORT_SPAN
 from automodel_hydra.config import SlurmConfig, TrainConfig, parse_env_vars
 from automodel_hydra.envvars import export_lines
 from automodel_hydra.plan import FINISHED, JobResult, JobSpec, Plan, Submission, worker_argv
@@ -63,8 +64,6 @@ JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
 DEFAULT_MAX_ARRAY_SIZE = 1001
-#: Port offset span, as in :mod:`automodel_hydra.bootstrap`.
-PORT_SPAN = 1000
 #: Defaults every task gets; the submitting shell's value or an ``env_vars`` entry wins.
 TASK_DEFAULTS = {
     "NCCL_DEBUG": "WARN",  # NCCL prints warnings and errors, not its INFO chatter
