@@ -3,13 +3,15 @@
 import hydra
 from omegaconf import DictConfig
 
-import automodel_hydra.config  # noqa: F401  (registers the typed schemas)
+from automodel_hydra import config
+from automodel_hydra.driver import launchable, run
+
+config.register()  # the typed schema the recipe's config starts from (llm_finetune_schema)
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="llm_finetune")
+@launchable
 def main(cfg: DictConfig) -> object:
-    from automodel_hydra.driver import run
-
     return run(cfg)
 
 

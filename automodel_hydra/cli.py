@@ -23,8 +23,7 @@ from pathlib import Path
 
 Record = dict[str, tp.Any]
 
-_STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "dim", "FAILED": "bold red", "TIMEOUT": "red",
-          "CANCELLED": "yellow", "PREEMPTED": "yellow", "UNKNOWN": "magenta"}
+_STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "dim", "CANCELLED": "yellow", "UNKNOWN": "magenta"}
 
 
 class CliError(Exception):
@@ -68,7 +67,8 @@ def job_state(record: Record) -> tuple[str, str]:
     """``(state, note)`` from the job's backend; ``("UNKNOWN", why)`` when the backend cannot tell."""
     from automodel_hydra.progress import backend_states
 
-    return backend_states([record])[0]
+    info = backend_states([record])[0]
+    return info.state.value, info.reason
 
 
 def _console() -> tp.Any:
@@ -107,7 +107,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     records = load_records(args.dir)
     shared, varying = split_overrides(records)
     rows = []
-    for rec, (state, note) in zip(records, backend_states(records)):
+    for rec, info in zip(records, backend_states(records)):
+        state, note = info.state.value, info.reason
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
                      "job_ids": rec.get("job_ids") or [], "state": state, "note": note, "job_dir": rec["job_dir"]})
     if args.json:
@@ -123,7 +124,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         cells = [str(r["job"]), varying[r["job"]], r["backend"], ",".join(r["job_ids"]) or "-"]
         notes = [r["note"]] if len(table.columns) > 5 else []
-        table.add_row(*map(Text, cells), Text(r["state"], style=_STYLE[r["state"]]), *map(Text, notes))
+        table.add_row(*map(Text, cells), Text(r["state"], style=_STYLE.get(r["state"], "bold red")), *map(Text, notes))
     _console().print(table)
     return 0
 
@@ -141,7 +142,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 1.0,
            out: tp.TextIO | None = None) -> int:
     """Print ``path``; when following, keep printing what is appended until the job reaches a final state."""
-    from automodel_hydra.plan import FINISHED
+    from automodel_hydra.states import JobState
 
     out = out or sys.stdout
     pos, state, checked = 0, "", 0.0
@@ -157,7 +158,7 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
                 if chunk:
                     out.write(chunk.decode(errors="replace"))
                     out.flush()
-            if not follow_ or state in FINISHED:
+            if not follow_ or (state and JobState(state).final):
                 break
             if time.monotonic() - checked >= max(poll_s, 2.0):
                 state, checked = job_state(record)[0], time.monotonic()
@@ -175,15 +176,16 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from automodel_hydra import backends
-    from automodel_hydra.plan import FINISHED
+    from automodel_hydra.states import JobState
 
     for rec in select(load_records(args.dir), args.job):
         state, _ = job_state(rec)
         what = f"job {job_num(rec)} ({rec['backend']} {_ids(rec)})"
-        if state in FINISHED:
+        if JobState(state).final:
             print(f"{what}: already {state}, nothing to cancel")
             continue
-        backends.get(rec["backend"]).cancel(rec)
+        impl = backends.get(rec["backend"])
+        impl.cancel([impl.ref_from_record(rec)])
         print(f"{what}: was {state}, cancel requested")
     return 0
 

@@ -7,9 +7,11 @@ hostname, ``%q{VAR}`` = an environment variable of the profiled process; "nsys p
 
 from __future__ import annotations
 
+import typing as tp
 from pathlib import Path
 
-from automodel_hydra.config import NsysConfig
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import NsysConfig
 
 
 def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_var: str = "RANK") -> list[str]:

@@ -122,7 +122,7 @@ def run(job_file: str | Path, log_file: str | None = None) -> dict[str, tp.Any]:
     env = DistEnv.from_environ()
     setup_logging(env.rank, log_file)
     try:
-        cfg = config.load(OmegaConf.load(job_file))
+        cfg = config.load_rank(OmegaConf.load(job_file))
         with init_distributed(env) as dist_env:
             log.info("%r on %s", env, dist_env.device)
             result = llm_finetune.train(cfg, dist_env, should_stop=stop)

@@ -1,80 +1,47 @@
-"""Job states of the Slurm backend: submitit's ``SlurmJob`` with a watcher that also works without accounting.
+"""Job states from Slurm: one ``sacct`` call for any number of jobs, ``squeue`` for the ones it does not know.
 
-submitit asks ``sacct`` for the state of every registered job in one call (``SlurmInfoWatcher``). On a cluster
-without accounting ``sacct`` fails ("Slurm accounting storage is disabled") and submitit would report UNKNOWN for
-ever; :class:`Watcher` then asks ``squeue --states=all``, which lists finished jobs too for MinJobAge seconds
-(slurm.conf(5)), and is honest (UNKNOWN) after that. Both outputs are read by submitit's own ``read_info``, which
-understands array ids (``123_4``, ``123_[0-9%2]``).
+On a cluster without accounting ``sacct`` fails ("Slurm accounting storage is disabled"); ``squeue --states=all``
+then answers, and lists finished jobs too for MinJobAge seconds (slurm.conf(5)); after that a job is UNKNOWN.
 """
 
 from __future__ import annotations
 
 import subprocess
-import time
 import typing as tp
 
-from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
-
-#: Slurm job states (squeue(1)/sacct(1) "JOB STATE CODES") -> the backend-neutral names of ``plan.STATES``.
-_STATE_MAP = {
-    "COMPLETING": "RUNNING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING",
-    "REQUEUE_FED": "PENDING", "RESV_DEL_HOLD": "PENDING", "RESIZING": "RUNNING", "SUSPENDED": "RUNNING",
-    "STOPPED": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING", "OUT_OF_MEMORY": "FAILED",
-    "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED", "DEADLINE": "TIMEOUT", "SPECIAL_EXIT": "FAILED",
-    "REVOKED": "CANCELLED",
-}
-_NAMES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "UNKNOWN")
+from automodel_hydra.states import JobState, StateInfo
 
 
-def normalize_state(state: str) -> str:
-    """``"CANCELLED by 0"`` -> ``CANCELLED``, ``OUT_OF_MEMORY`` -> ``FAILED``, ``""`` -> ``UNKNOWN``: one of
-    ``plan.STATES``."""
-    word = (state or "UNKNOWN").split()[0].rstrip("+").upper()
-    word = _STATE_MAP.get(word, word)
-    return word if word in _NAMES else "UNKNOWN"
-
-
-def squeue_states(main_ids: tp.Iterable[str]) -> str:
-    """``squeue`` output for these job ids in ``sacct --parsable2`` form (``JobID|State`` header); "" on error."""
-    ids = ",".join(sorted(set(main_ids)))
-    if not ids:
-        return ""
+def _run(argv: list[str]) -> str:
     try:
-        out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i|%T", f"--jobs={ids}"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return ""
-    return "JobID|State\n" + out.stdout if out.returncode == 0 else ""
+    return out.stdout if out.returncode == 0 else ""
 
 
-class Watcher(SlurmInfoWatcher):
-    """submitit's sacct watcher (one call for all registered jobs); jobs sacct does not know, or all jobs when
-    sacct fails, are looked up with squeue."""
-
-    def update(self) -> None:
-        command = self._make_command()
-        if command is None:
-            return
-        self._num_calls += 1
-        try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=60)
-            info = self.read_info(out.stdout) if out.returncode == 0 else {}
-        except (OSError, subprocess.SubprocessError):
-            info = {}
-        # issue 6: per registered id, not per main id: right after sbatch, sacct may list only the array's main
-        # record ("21|PENDING") while squeue already shows "21_0|RUNNING"
-        missing = {x.split("_")[0] for x in self._registered - self._finished if x not in info}
-        if missing:
-            info.update({k: v for k, v in self.read_info(squeue_states(missing)).items() if k not in info})
-        self._info_dict.update(info)
-        self._last_status_check = time.time()
-        for job_id in self._registered - self._finished:
-            if self.is_done(job_id, mode="cache"):
-                self._finished.add(job_id)
+def _parse(text: str, found: dict[str, StateInfo]) -> None:
+    """``JOBID|STATE|REASON`` lines; array ranges (``123_[0-3%2]``) stand for each of their tasks."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[0]:
+            continue
+        job_id, state = parts[0], JobState.from_slurm(parts[1])
+        reason = parts[2].strip() if len(parts) > 2 and parts[2].strip() not in ("None", "") else ""
+        found.setdefault(job_id, StateInfo(state, reason if state is JobState.PENDING else ""))
 
 
-class AutomodelSlurmJob(SlurmJob[tp.Any]):
-    """A submitit SlurmJob whose state comes from :class:`Watcher` (sacct, else squeue). ``cancel()`` is
-    submitit's (``scancel``). There is no result pickle: results are ``<job dir>/result.json``."""
-
-    watcher = Watcher(delay_s=60)
+def query(ids: tp.Sequence[str]) -> dict[str, StateInfo]:
+    """State of each job id (``123`` or array task ``123_4``): one ``sacct`` call, then one ``squeue`` call for
+    the ids sacct does not know. Ids neither knows are missing from the result."""
+    ids = sorted(set(ids))
+    if not ids:
+        return {}
+    found: dict[str, StateInfo] = {}
+    _parse(_run(["sacct", "-X", "--noheader", "--parsable2", "--format=JobID,State,Reason", f"--jobs={','.join(ids)}"]),
+           found)
+    missing = {i.split("_")[0] for i in ids if i not in found}
+    if missing:
+        _parse(_run(["squeue", "--noheader", "--states=all", "--array", "--format=%i|%T|%r",
+                     f"--jobs={','.join(sorted(missing))}"]), found)
+    return {i: found[i] for i in ids if i in found}
