@@ -198,11 +198,11 @@ def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any
 
 def refuse_if_busy(job: JobSpec) -> None:
     """Refuse a job dir whose earlier job has not finished, on any backend (a pending Slurm job, a SkyPilot job,
-    a local run), before anything in it is rewritten. Raises RuntimeError naming the dir, the job and the fix."""
+    a local run), before anything in it is rewritten. Raises PreflightError naming the dir, the job and the fix."""
     from automodel_hydra.backends.interactive import job_running
 
     if job_running(job.job_dir):
-        raise RuntimeError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
+        raise PreflightError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
                            f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
     try:
         record = json.loads(job.record_file.read_text())
@@ -216,7 +216,7 @@ def refuse_if_busy(job: JobSpec) -> None:
     except Exception:  # noqa: BLE001  (a scheduler that cannot be asked does not block a new run)
         return
     if info.state in (JobState.PENDING, JobState.RUNNING):
-        raise RuntimeError(f"{job.job_dir} holds {record['backend']} job {','.join(record.get('job_ids') or [])}, "
+        raise PreflightError(f"{job.job_dir} holds {record['backend']} job {','.join(record.get('job_ids') or [])}, "
                            f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
                            f"{job.job_dir}), or choose another hydra.run.dir")
 

@@ -6,8 +6,9 @@ import pytest
 from omegaconf.errors import ConfigKeyError, ValidationError
 from hydra.errors import ConfigCompositionException
 
-from automodel_hydra import config
-from automodel_hydra.config import ConfigError, parse_slurm_time
+from automodel_hydra import config, envvars
+from automodel_hydra.backends.slurm import parse_slurm_time
+from automodel_hydra.schema import ConfigError
 from tests.helpers import compose_cfg
 
 
@@ -19,8 +20,7 @@ def test_every_launcher_and_profile_composes(launcher: str, profile: str, tmp_pa
     assert train_cfg.backend == launcher
     assert train_cfg.profile.nsys.enabled is (profile == "nsys")
     assert train_cfg.output_dir == str(tmp_path)
-    assert cfg.hydra.launcher._target_.endswith({"interactive": "InteractiveLauncher", "slurm": "SlurmLauncher",
-                                                 "skypilot": "SkyPilotLauncher"}[launcher])
+    assert cfg.hydra.launcher._target_.endswith("AutomodelLauncher")  # one launcher; each job routes by section
 
 
 @pytest.mark.parametrize("override, key", [
@@ -52,11 +52,9 @@ def test_wrong_type_fails_at_compose_naming_it(override: str, key: str) -> None:
     ("slurm.ntasks_per_node=-1", "slurm.ntasks_per_node"),
     ("slurm.time=abc", "slurm.time"),
     ("slurm.time=-5", "slurm.time"),
-    ("slurm.time=00:03:00", "slurm.time"),
     ("slurm.master_port=70000", "slurm.master_port"),
     ("interactive.nproc_per_node=0", "interactive.nproc_per_node"),
     ("step_scheduler.checkpoint_interval=0", "step_scheduler.checkpoint_interval"),
-    ("restore_from.path=/nonexistent/ckpt", "restore_from.path"),
     ("+interactive.max_requeues=2", "interactive.max_requeues"),
 ])
 def test_bad_values_name_the_key(override: str, key: str, tmp_path) -> None:
@@ -65,6 +63,14 @@ def test_bad_values_name_the_key(override: str, key: str, tmp_path) -> None:
     with pytest.raises(ConfigError) as e:
         config.load(cfg)
     assert key in str(e.value)
+
+
+def test_short_time_limit_shrinks_the_checkpoint_margin(tmp_path) -> None:
+    """AutoModel's default ``time: "00:05:00"`` is accepted: the 300 s margin becomes half the limit."""
+    slurm = config.load(compose_cfg(["launcher=slurm", "slurm.time=00:05:00"], tmp_path)).slurm
+    assert slurm is not None and slurm.checkpoint_margin_s == 150
+    long = config.load(compose_cfg(["launcher=slurm", "slurm.time=01:00:00"], tmp_path)).slurm
+    assert long is not None and long.checkpoint_margin_s == 300
 
 
 @pytest.mark.parametrize("text, minutes", [
@@ -88,6 +94,22 @@ def test_automodel_aliases(tmp_path) -> None:
     assert cfg.restore_from.path == str(ckpt)
 
 
+def test_alias_and_its_canonical_key_both_set_is_refused_naming_both(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"step_scheduler.ckpt_every_steps.*step_scheduler.checkpoint_interval"):
+        config.load(compose_cfg(["step_scheduler.ckpt_every_steps=7", "step_scheduler.checkpoint_interval=9"],
+                                tmp_path))
+    same = config.load(compose_cfg(["step_scheduler.ckpt_every_steps=9", "step_scheduler.checkpoint_interval=9"],
+                                   tmp_path))
+    assert same.step_scheduler.checkpoint_interval == 9
+
+
+def test_launcher_defaults_live_once_in_the_schema(tmp_path) -> None:
+    """``launcher=slurm`` selects the section; every default comes from SlurmConfig itself."""
+    from automodel_hydra.backends.slurm import SlurmConfig
+
+    assert config.load(compose_cfg(["launcher=slurm"], tmp_path)).slurm == SlurmConfig()
+
+
 def test_automodel_style_config_routes_by_section(tmp_path) -> None:
     plain = config.load({"output_dir": str(tmp_path)})
     assert plain.backend == "interactive"
@@ -103,7 +125,7 @@ def test_env_var_references_stay_references(tmp_path) -> None:
     cfg = compose_cfg(["launcher=slurm", "++slurm.env_vars.HF_TOKEN=${HF_TOKEN}", "++slurm.env_vars.MODE=fast"],
                       tmp_path)
     train_cfg = config.load(cfg)
-    env = {e.name: e for e in config.parse_env_vars(train_cfg.slurm.env_vars, "slurm.env_vars")}
+    env = {e.name: e for e in envvars.parse_env_vars(train_cfg.slurm.env_vars, "slurm.env_vars")}
     assert env["HF_TOKEN"].ref == "HF_TOKEN" and env["HF_TOKEN"].literal is None
     assert env["MODE"].literal == "fast"
     assert env["HF_TOKEN"].resolve({"HF_TOKEN": "tok"}) == "tok"
@@ -111,7 +133,7 @@ def test_env_var_references_stay_references(tmp_path) -> None:
 
 def test_bare_variable_name_warns() -> None:
     with pytest.warns(UserWarning, match=r"\$\{HF_TOKEN\}"):
-        (e,) = config.parse_env_vars({"HF_TOKEN": "HF_TOKEN"}, "slurm.env_vars")
+        (e,) = envvars.parse_env_vars({"HF_TOKEN": "HF_TOKEN"}, "slurm.env_vars")
     assert e.literal == "HF_TOKEN"
 
 
