@@ -180,6 +180,17 @@ class ProfileConfig:
 
 
 
+@dataclass
+class DistEnvConfig:
+    """The process group, with AutoModel's key names (``dist_env``)."""
+
+    # minutes a rank waits for its peers at the rendezvous and for each collective before giving up
+    timeout_minutes: float = 10.0
+
+    def __post_init__(self) -> None:
+        require(self.timeout_minutes > 0, "dist_env.timeout_minutes", self.timeout_minutes, "must be > 0")
+
+
 # ----------------------------------------------------------------------------------------------- top level
 
 
@@ -199,6 +210,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     restore_from: RestoreFromConfig = field(default_factory=RestoreFromConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    dist_env: DistEnvConfig = field(default_factory=DistEnvConfig)
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
     slurm: tp.Optional[SlurmConfig] = None
     skypilot: tp.Optional[SkyPilotConfig] = None

@@ -123,7 +123,7 @@ def run(job_file: str | Path, log_file: str | None = None) -> dict[str, tp.Any]:
     setup_logging(env.rank, log_file)
     try:
         cfg = config.load_rank(OmegaConf.load(job_file))
-        with init_distributed(env) as dist_env:
+        with init_distributed(env, timeout_minutes=cfg.dist_env.timeout_minutes) as dist_env:
             log.info("%r on %s", env, dist_env.device)
             result = llm_finetune.train(cfg, dist_env, should_stop=stop)
     except Exception:

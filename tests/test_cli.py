@@ -187,7 +187,7 @@ SLURM = ["launcher=slurm", "slurm.gpus_per_node=0", "slurm.partition=debug", "sl
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: tp.Any, tmp_path: Path) -> None:
-    from automodel_hydra.plan import FINISHED
+    from automodel_hydra.states import JobState
 
     run, sweep = tmp_path / "R", tmp_path / "S"
     train_py(*SLURM, "step_scheduler.max_steps=100000", f"hydra.run.dir={run}")  # returns once submitted
@@ -207,7 +207,7 @@ def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: t
     slurm_cluster.wait_gone(job_id, timeout=60)
     assert states(run) == {0: "CANCELLED"} and slurm_cluster.sacct_state(job_id, timeout=30) == "CANCELLED"
 
-    wait_for(lambda: set(states(sweep).values()) <= set(FINISHED), 150, "the sweep to finish")
+    wait_for(lambda: all(JobState(s).final for s in states(sweep).values()), 150, "the sweep to finish")
     assert states(sweep) == {0: "COMPLETED", 1: "FAILED"}
     assert [slurm_cluster.sacct_state(j["job_ids"][0], timeout=30) for j in jobs] == ["COMPLETED", "FAILED"]
     assert "step 4/4" in cli_out("logs", str(sweep), "0", "--no-follow")
