@@ -269,7 +269,7 @@ def _raw_env_vars(cfg: DictConfig) -> dict[str, dict[str, tp.Any]]:
         if node is not None and node.get("env_vars") is not None:
             raw = OmegaConf.to_container(node.env_vars, resolve=False)
             assert isinstance(raw, dict)
-            out[section] = raw
+            out[section] = {str(k): v for k, v in raw.items()}
     return out
 
 
@@ -290,9 +290,9 @@ def load(cfg: DictConfig | dict[str, tp.Any]) -> TrainConfig:
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     raw_env = _raw_env_vars(cfg)
-    data = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
+    container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    data = {str(k): v for k, v in container.items() if k != "hydra"}
     for section, env in raw_env.items():
         data[section]["env_vars"] = {k: str(v).replace("${", "\\${") if v is not None else "" for k, v in env.items()}
     _normalise_aliases(data)

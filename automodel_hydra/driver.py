@@ -118,14 +118,12 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
     impls = {name: backends.get(name) for name in by_backend}
-    plans: list[Plan[tp.Any] | None] = [None] * len(jobs)
+    plans: dict[int, Plan[tp.Any]] = {}
     for name, idx in by_backend.items():
         impl = impls[name]
-        cfgs = [jobs[i].cfg for i in idx]
-        impl.preflight(cfgs)
+        impl.preflight([jobs[i].cfg for i in idx])
         for i in idx:
             config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
-        for i in idx:
             plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
         impl.check([plans[i] for i in idx])
     for p in jobs:

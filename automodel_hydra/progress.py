@@ -98,7 +98,7 @@ def sweep_progress(subs: tp.Sequence[Submission[tp.Any]], *, tty: bool | None = 
         if text == last[0]:
             return
         last[0] = text
-        if progress is not None:
+        if progress is not None and task is not None:
             progress.update(task, completed=sum(s.final for s in states), description=text)
         else:
             print(f"sweep: {text}", file=sys.stderr, flush=True)

@@ -193,7 +193,9 @@ class _Scheduler:
         threading.Thread(target=self._loop, name="automodel-interactive", daemon=True).start()
 
     def _loop(self) -> None:
-        free, running, ports = list(self.slots), {}, set()
+        free = list(self.slots)
+        running: dict[int, tuple[list[int], int | None, subprocess.Popen[bytes]]] = {}
+        ports: set[int] = set()
         pending = list(range(len(self.plans)))
         while pending or running:
             with self.cond:
@@ -209,7 +211,8 @@ class _Scheduler:
                     devices, free = free[:need], free[need:]
                     base = self.plans[i].request.master_port
                     port = None if base is None else free_port(base, ports)
-                    ports.add(port)
+                    if port is not None:
+                        ports.add(port)
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
                     for i in pending:
@@ -221,7 +224,8 @@ class _Scheduler:
                 if proc.poll() is not None:
                     del running[i]
                     free += devices
-                    ports.discard(port)
+                    if port is not None:
+                        ports.discard(port)
                     self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.started_at))
 
     def _start(self, i: int, devices: list[int], port: int | None, packed: bool) -> subprocess.Popen[bytes]:

@@ -99,15 +99,13 @@ def parse_slurm_time(value: str | int, key: str = "slurm.time") -> int:
     valid = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes, > 0"
     if not m:
         raise ConfigError(key, value, valid)
-    g = {k: int(v) if v is not None else None for k, v in m.groupdict().items()}
-    if g["days"] is not None:
-        seconds = g["days"] * 86400 + g["dh"] * 3600 + (g["dm"] or 0) * 60 + (g["ds"] or 0)
-    elif g["c"] is not None:  # HH:MM:SS
+    g = {k: int(v or 0) for k, v in m.groupdict().items()}
+    if m["days"] is not None:
+        seconds = g["days"] * 86400 + g["dh"] * 3600 + g["dm"] * 60 + g["ds"]
+    elif m["c"] is not None:  # HH:MM:SS
         seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
-    elif g["b"] is not None:  # MM:SS
+    else:  # MM or MM:SS
         seconds = g["a"] * 60 + g["b"]
-    else:  # MM
-        seconds = g["a"] * 60
     require(seconds > 0, key, value, valid)
     return math.ceil(seconds / 60)
 

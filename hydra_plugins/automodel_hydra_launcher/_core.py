@@ -68,7 +68,8 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"automodel-hydra: preparing {len(job_overrides)} job(s) in {sweep_dir}")
     state = Singleton.get_state()
-    planning = HydraContext(config_loader=context.config_loader, callbacks=_DeferJobEnd(context.callbacks))
+    planning = HydraContext(config_loader=context.config_loader,
+                            callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     returns: list[JobReturn] = []
     configs: list[DictConfig] = []
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
