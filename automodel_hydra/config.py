@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from automodel_hydra.backends.interactive import InteractiveConfig
 from automodel_hydra.backends.skypilot import SkyPilotConfig
 from automodel_hydra.backends.slurm import SlurmConfig
+from automodel_hydra.envvars import Ref, expand, split
 from automodel_hydra.schema import ConfigError, at_least, require
 
 #: The launcher sections: which one is present decides where the job runs (none = interactive).
@@ -261,40 +263,74 @@ def _normalise_aliases(data: dict[str, tp.Any]) -> None:
 _DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig()}
 
 
-def _raw_env_vars(cfg: DictConfig) -> dict[str, dict[str, tp.Any]]:
-    """Each launcher section's env_vars unresolved: ``"${HF_TOKEN}"`` stays a reference, never a value."""
-    out = {}
-    for section in LAUNCHER_SECTIONS:
-        node = cfg.get(section) if section in cfg else None
-        if node is not None and node.get("env_vars") is not None:
-            raw = OmegaConf.to_container(node.env_vars, resolve=False)
-            assert isinstance(raw, dict)
-            out[section] = {str(k): v for k, v in raw.items()}
-    return out
+def _omegaconf_value(cfg: DictConfig, text: str) -> str:
+    """``text`` with OmegaConf's interpolations resolved against ``cfg`` (``${output_dir}``, ``${oc.env:X}``)."""
+    if "${" not in text:
+        return text
+    probe = cfg.copy()
+    with open_dict(probe):
+        probe["__automodel_probe__"] = text
+        return str(probe["__automodel_probe__"])
 
 
-def load(cfg: DictConfig | dict[str, tp.Any]) -> TrainConfig:
+def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mapping[str, str]) -> None:
+    """Shell references in the launcher sections (in place, on the raw data): ``env_vars`` keep theirs for the
+    job (escaped from OmegaConf, their OmegaConf interpolations resolved here); every other field is expanded
+    from ``environ`` now. See :mod:`automodel_hydra.envvars`."""
+    is_key = data.__contains__
+    for section in ("interactive", *LAUNCHER_SECTIONS):
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        for name, value in list(node.items()):
+            key = f"{section}.{name}"
+            if name == "env_vars" and isinstance(value, dict):
+                env = {}
+                for k, v in value.items():
+                    parts = split("" if v is None else str(v), is_key)
+                    env[str(k)] = "".join(_omegaconf_value(cfg, p) if isinstance(p, str) else
+                                          _ref_text(p) for p in parts).replace("${", "\\${")
+                node[name] = env
+            else:
+                node[name] = _expand_tree(value, environ, key, is_key)
+
+
+def _ref_text(ref: Ref) -> str:
+    return f"${{{ref.name}}}" if ref.default is None else f"${{{ref.name}:-{ref.default}}}"
+
+
+def _expand_tree(value: tp.Any, environ: tp.Mapping[str, str], key: str, is_key: tp.Callable[[str], bool]) -> tp.Any:
+    if isinstance(value, str):
+        return expand(value, environ, key, is_key) if "$" in value else value
+    if isinstance(value, list):
+        return [_expand_tree(v, environ, f"{key}[{i}]", is_key) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _expand_tree(v, environ, f"{key}.{k}", is_key) for k, v in value.items()}
+    return value
+
+
+def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None = None) -> TrainConfig:
     """Validate a composed config and return it as :class:`TrainConfig`.
 
-    ``env_vars`` are taken raw, so ``"${HF_TOKEN}"`` references are not resolved (OmegaConf would otherwise read
-    them as its own interpolations and fail); every other value is resolved (``${hydra:...}`` through Hydra's
-    global HydraConfig, set inside every Hydra job).
+    Launcher fields refer to the submitting shell as a shell does (``hf_home: ${HF_HOME}``, expanded from
+    ``environ``, default ``os.environ``); ``env_vars`` references stay references for the job (never a value in a
+    file); every other value is resolved by OmegaConf (``${hydra:...}`` through Hydra's global HydraConfig, set
+    inside every Hydra job).
 
     Raises
     ------
     ConfigError
-        A value is out of range, or an alias and its canonical key disagree; the message names the key.
+        A value is out of range, a variable a field refers to is unset, or an alias and its canonical key
+        disagree; the message names the key.
     omegaconf.errors.OmegaConfBaseException
         An unknown key or a value of the wrong type (also caught at compose time by Hydra).
     """
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    raw_env = _raw_env_vars(cfg)
     container = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(container, dict)
     data = {str(k): v for k, v in container.items() if k != "hydra"}
-    for section, env in raw_env.items():
-        data[section]["env_vars"] = {k: str(v).replace("${", "\\${") if v is not None else "" for k, v in env.items()}
+    _launcher_fields(cfg, data, os.environ if environ is None else environ)
     _normalise_aliases(data)
     merged = OmegaConf.merge(_schema(), data)  # merge copies: the cached schema is never modified
     obj = OmegaConf.to_object(merged)

@@ -14,6 +14,7 @@ Ranks never run this: they run :mod:`automodel_hydra.worker` with the rank-side 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -25,7 +26,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, profile
+from automodel_hydra import backends, config, profile, yaml11
 from automodel_hydra.plan import (MANIFEST_FILE, Backend, JobFailedError, JobResult, JobSpec, Plan, PreflightError,
                                   Submission, render_files, write_record)
 from automodel_hydra.schema import ConfigError
@@ -101,8 +102,12 @@ def job_spec_from_hydra(sweep: bool) -> JobSpec:
 def prepare(cfg: DictConfig, sweep: bool = True) -> Prepared:
     """Validate one job's composed config (inside its Hydra job context). Raises ConfigError naming the key, or an
     OmegaConf error for an unknown key or wrong type; writes nothing."""
+    job = job_spec_from_hydra(sweep)
+    cfg = copy.deepcopy(cfg)
+    for change in yaml11.restore_text(cfg, yaml11.config_files(), job.overrides):
+        log.info("read as text, not as YAML 1.1's implicit type: %s", change)
     train_cfg = config.load(cfg)
-    return Prepared(train_cfg, job_spec_from_hydra(sweep), bool(OmegaConf.select(cfg, "dry_run", default=False)))
+    return Prepared(train_cfg, job, bool(OmegaConf.select(cfg, "dry_run", default=False)))
 
 
 # ----------------------------------------------------------------------------------------------- launching

@@ -131,6 +131,20 @@ def test_env_var_references_stay_references(tmp_path) -> None:
     assert env["HF_TOKEN"].resolve({"HF_TOKEN": "tok"}) == "tok"
 
 
+def test_shell_references_in_launcher_fields_mean_what_a_shell_means(tmp_path) -> None:
+    env = {"HF_HOME": "/lustre/hf", "IMG": "nvcr.io/nvidia/nemo:25.04"}
+    cfg = config.load(compose_cfg(["launcher=slurm", "slurm.hf_home=${HF_HOME}", "slurm.container_image=$IMG",
+                                   "slurm.job_name=${NAME:-exp}_${IMG,x}", "++slurm.env_vars.OUT=${output_dir}/o",
+                                   "++slurm.env_vars.HOME_DIR=${oc.env:HOME}"], tmp_path), environ=env)
+    assert cfg.slurm is not None
+    assert (cfg.slurm.hf_home, cfg.slurm.container_image) == ("/lustre/hf", "nvcr.io/nvidia/nemo:25.04")
+    assert cfg.slurm.job_name == "exp_nvcr.io/nvidia/nemo:25.04"
+    assert cfg.slurm.env_vars["OUT"] == f"{tmp_path}/o"  # OmegaConf's own interpolation, resolved
+    assert cfg.slurm.env_vars["HOME_DIR"] == "${HOME}"  # the job's variable: a reference, not a value
+    with pytest.raises(ConfigError, match=r"slurm.hf_home.*\$HF_HOME is not set"):
+        config.load(compose_cfg(["launcher=slurm", "slurm.hf_home=${HF_HOME}/hub"], tmp_path), environ={})
+
+
 def test_bare_variable_name_warns() -> None:
     with pytest.warns(UserWarning, match=r"\$\{HF_TOKEN\}"):
         (e,) = envvars.parse_env_vars({"HF_TOKEN": "HF_TOKEN"}, "slurm.env_vars")
@@ -151,9 +165,26 @@ def test_automodel_style_config_file_routes_to_slurm_and_sweeps_as_one_array(tmp
         "  env_vars:\n    HF_TOKEN: ${HF_TOKEN}\n"
         "step_scheduler:\n  ckpt_every_steps: 20\n")
     cfg = ["--config-dir", str(tmp_path), "--config-name", "am_slurm", "dry_run=true"]
-    train_py(*cfg, f"hydra.run.dir={tmp_path / 'run'}")
+    token = {"HF_TOKEN": "hf_test"}
+    train_py(*cfg, f"hydra.run.dir={tmp_path / 'run'}", env=token)
     script = (tmp_path / "run" / "launch" / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=batch" in script
     assert 'export HF_TOKEN="${HF_TOKEN}"' in script
-    train_py("-m", *cfg, "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    train_py("-m", *cfg, "seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}", env=token)
     assert (tmp_path / "sweep" / "launch" / "sbatch.sh").read_text().count("#SBATCH --array=0-1") == 1
+
+
+def test_yaml11_implicit_types_never_change_a_launcher_value(tmp_path) -> None:
+    """An unquoted ``time: 10:00:00`` is ten hours (not YAML 1.1's base-60 36000, 25 days to sbatch); ``no`` is a
+    partition name, not False; a command-line override still wins."""
+    from tests.helpers import train_py
+
+    (tmp_path / "y11.yaml").write_text("defaults:\n  - llm_finetune\n  - _self_\n"
+                                       "slurm:\n  time: 10:00:00\n  partition: no\n  account: 0755\n")
+    cfg = ["--config-dir", str(tmp_path), "--config-name", "y11", "dry_run=true"]
+    train_py(*cfg, f"hydra.run.dir={tmp_path / 'a'}")
+    script = (tmp_path / "a" / "launch" / "sbatch.sh").read_text()
+    assert "#SBATCH --time=600" in script and "#SBATCH --partition=no" in script
+    assert "#SBATCH --account=0755" in script
+    train_py(*cfg, "slurm.time=45", f"hydra.run.dir={tmp_path / 'b'}")
+    assert "#SBATCH --time=45" in (tmp_path / "b" / "launch" / "sbatch.sh").read_text()

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
-from automodel_hydra.envvars import export_lines, parse_env_vars
+from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission, read_result,
                                   worker_argv)
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
@@ -351,7 +351,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     params["additional_parameters"] = tuple(sorted(params["additional_parameters"].items()))
     return Request(sbatch=tuple(sorted(params.items())), setup=tuple(setup), container_image=sc.container_image,
                    mounts=tuple(mounts), srun_args=tuple(sc.srun_args), command=command,
-                   env_refs=tuple(e.ref for e in env if e.ref), ntasks=sc.world_size)
+                   env_refs=tuple(r.name for e in env for r in e.refs), ntasks=sc.world_size)
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
@@ -435,10 +435,9 @@ class Slurm(Backend[Request, SlurmRef]):
                 if sc.container_image is not None and not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
-            missing = [e.ref for e in parse_env_vars(sc.env_vars, "slurm.env_vars") if e.ref and e.ref not in os.environ]
-            if missing:
-                raise PreflightError(f"slurm.env_vars refers to ${{{missing[0]}}}, which is not set in this shell: "
-                                     f"export {missing[0]}=... or remove the entry")
+            for entry, var in missing_refs(parse_env_vars(sc.env_vars, "slurm.env_vars"), os.environ):
+                raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
+                                     f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
         self.max_array_size = max_array_size()
 
     def world_size(self, cfg: TrainConfig) -> int:
