@@ -216,6 +216,12 @@ class TrainConfig:
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
     slurm: tp.Optional[SlurmConfig] = None
     skypilot: tp.Optional[SkyPilotConfig] = None
+    # the code every rank runs: null = this bundled recipe; an AutoModel recipe class (a bare name such as
+    # TrainFinetuneRecipeForNextTokenPrediction, a dotted path, or {_target_: ...}) or a function module:attr
+    # (docs/recipes.md). With one set, the config's other sections go to that recipe untouched (recipe_sections).
+    recipe: tp.Any = None
+    # filled by load() for a recipe other than the bundled one: its sections, as the file has them (unresolved)
+    recipe_sections: tp.Dict[str, tp.Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.slurm is not None and self.skypilot is not None:
@@ -232,6 +238,16 @@ class TrainConfig:
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir or str(Path(self.output_dir) / "checkpoints")
+
+    @property
+    def bundled(self) -> bool:
+        """Whether the ranks run this project's own recipe (typed sections) rather than another one."""
+        return self.recipe is None
+
+
+#: The sections this product reads whatever the recipe; with a recipe other than the bundled one, every other
+#: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
+LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", *LAUNCHER_SECTIONS, "recipe")
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -309,6 +325,18 @@ def _expand_tree(value: tp.Any, environ: tp.Mapping[str, str], key: str, is_key:
     return value
 
 
+def _escape(value: tp.Any) -> tp.Any:
+    """``value`` with every ``${`` escaped from OmegaConf, so a recipe's own interpolation forms (AutoModel's
+    ``${VAR,default}``) reach it as written."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, list):
+        return [_escape(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _escape(v) for k, v in value.items()}
+    return value
+
+
 def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None = None) -> TrainConfig:
     """Validate a composed config and return it as :class:`TrainConfig`.
 
@@ -331,7 +359,12 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
     assert isinstance(container, dict)
     data = {str(k): v for k, v in container.items() if k != "hydra"}
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
-    _normalise_aliases(data)
+    if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
+        sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
+        data = {k: v for k, v in data.items() if k in LAUNCH_KEYS}
+        data["recipe_sections"] = _escape(sections)
+    else:
+        _normalise_aliases(data)
     merged = OmegaConf.merge(_schema(), data)  # merge copies: the cached schema is never modified
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, TrainConfig)
@@ -340,8 +373,19 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
 
 def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Rules that need the job's world size (ranks), checked at plan time so that a job never waits in a queue
-    only to fail at its first step. Raises ConfigError naming the key."""
-    cfg.step_scheduler.grad_accumulation(world_size)
+    only to fail at its first step: the global batch is a whole number of micro-batches of all ranks (the
+    bundled recipe's rule, and AutoModel's ``StepScheduler``'s for its ``step_scheduler`` section). Raises
+    ConfigError naming the key."""
+    if cfg.bundled:
+        cfg.step_scheduler.grad_accumulation(world_size)
+        return
+    steps = cfg.recipe_sections.get("step_scheduler")
+    if isinstance(steps, dict):
+        gbs, lbs = steps.get("global_batch_size"), steps.get("local_batch_size")
+        if isinstance(gbs, int) and isinstance(lbs, int) and lbs > 0:
+            require(gbs % (lbs * world_size) == 0, "step_scheduler.global_batch_size", gbs,
+                    f"a multiple of step_scheduler.local_batch_size * world size = {lbs} * {world_size} = "
+                    f"{lbs * world_size}")
 
 
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:
@@ -364,17 +408,26 @@ def _schema() -> DictConfig:
 
 
 def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
-    """What every rank reads (``launch/job.yaml``): the recipe's sections, resolved, without launcher sections."""
+    """What every rank reads (``launch/job.yaml``): the recipe's sections without launcher sections — the bundled
+    recipe's resolved, another recipe's as written (its ``recipe:`` key included) — plus ``output_dir``,
+    ``seed``, ``profile`` and ``dist_env``."""
     spec = dataclasses.asdict(cfg)
-    for section in ("interactive", *LAUNCHER_SECTIONS):
+    for section in ("interactive", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
         spec.pop(section, None)
-    spec.pop("dry_run", None)
-    return spec
+    if cfg.bundled:
+        spec.pop("recipe", None)
+        return spec
+    ours = {k: spec[k] for k in ("output_dir", "seed", "profile")}
+    return {**cfg.recipe_sections, **ours}
 
 
 def load_rank(spec: DictConfig | dict[str, tp.Any]) -> TrainConfig:
     """The rank-side spec (:func:`rank_spec`) as :class:`TrainConfig`, with no launcher section and no check of
     the submitting host. Raises ConfigError / OmegaConf errors for a malformed spec."""
+    if not isinstance(spec, DictConfig):
+        spec = OmegaConf.create(spec)
+    if spec.get("recipe") is not None:
+        return load(spec, environ={})
     merged = OmegaConf.merge(_schema(), spec)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, TrainConfig)
