@@ -169,8 +169,45 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
         o.sub = subs[o.prepared.job.job_dir]
     if sweep_dir is not None:
         write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None])
-    _wait(outcomes, impls)
+    try:
+        _wait(outcomes, impls)
+    except KeyboardInterrupt:
+        raise Stopped(_stop_summary(outcomes, impls, sweep_dir)) from None
     return outcomes
+
+
+class Stopped(Exception):
+    """Ctrl-C while waiting: the message says, in one line, what was stopped, what keeps running (with the
+    command that cancels it) and where the newest checkpoint is."""
+
+
+def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
+                  sweep_dir: Path | None) -> str:
+    from automodel_hydra.checkpoint import find_latest
+
+    where = sweep_dir or outcomes[0].prepared.job.job_dir
+    running, stopped = [], []
+    for o in outcomes:
+        if o.sub is None or (o.result is not None and o.result.state.final):
+            continue
+        name = o.prepared.cfg.backend
+        try:
+            (info,) = impls[name].states([o.sub.ref])
+            state = info.state
+        except Exception:  # noqa: BLE001  (the summary must not fail)
+            state = JobState.UNKNOWN
+        (stopped if name == "interactive" or state.final else running).append(o)
+    parts = []
+    if stopped:
+        latest = [find_latest(o.prepared.cfg.checkpoint_dir) for o in stopped if o.prepared.cfg.bundled]
+        ckpt = next((str(p) for p in latest if p is not None), None)
+        parts.append(f"stopped {len(stopped)} local job(s) with a checkpoint"
+                     + (f" (newest: {ckpt})" if ckpt else ""))
+    if running:
+        ids = ",".join(i for o in running if o.sub is not None for i in o.sub.ids)
+        parts.append(f"{len(running)} {running[0].prepared.cfg.backend} job(s) keep running ({ids}): "
+                     f"cancel with automodel-hydra cancel {where}")
+    return "; ".join(parts) or f"stopped waiting (state: automodel-hydra status {where})"
 
 
 def _announce(sub: Submission[tp.Any]) -> None:
@@ -250,7 +287,11 @@ def run(cfg: DictConfig) -> tp.Any:
     naming the key (status 2) before anything is written or started; a job that fails exits with status 1."""
     try:
         prepared = prepare(cfg, sweep=False)
+        print(f"run dir: {prepared.job.job_dir}", flush=True)
         (outcome,) = launch([prepared])
+    except Stopped as e:
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     except (ConfigError, PreflightError, OmegaConfBaseException, ValueError) as e:
         fail(str(e).splitlines()[0] if isinstance(e, ConfigError) else str(e))
     except (JobFailedError, RuntimeError, OSError) as e:

@@ -66,7 +66,7 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"automodel-hydra: preparing {len(job_overrides)} job(s) in {sweep_dir}")
+    log.info(f"sweep dir: {sweep_dir}: preparing {len(job_overrides)} job(s)")
     state = Singleton.get_state()
     planning = HydraContext(config_loader=context.config_loader,
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
@@ -87,7 +87,11 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     for ret in returns:
         if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
             ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
-    outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
+    try:
+        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
+    except driver.Stopped as e:
+        log.error(f"stopped: {e}")
+        raise SystemExit(130) from None
     for ret, sweep_config, outcome in zip(returns, configs, outcomes):
         try:
             ret.return_value = outcome.value()
