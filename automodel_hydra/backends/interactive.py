@@ -324,7 +324,7 @@ class Interactive(Backend[Request, LocalRef]):
             "the",
             "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
             "set -euo pipefail",
-            *nsys_check_lines(cfg.profile.nsys),
+            *nsys_check_lines(cfg.profile.nsys, shlex.quote(str(job.log_file))),
             f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
             "export PYTHONUNBUFFERED=1",
             f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, len(cpus) // nproc)}}}  # CPU threads per worker",

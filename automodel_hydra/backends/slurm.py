@@ -332,6 +332,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     env = parse_env_vars(sc.env_vars, "slurm.env_vars")
     if env:
         setup += ["# slurm.env_vars (\"${VAR}\" = the submitting shell's variable, expanded here)", *export_lines(env)]
+    spec = JobSpec(Path(_JOB_DIR), job.job_name)  # the job's paths inside the script
     mounts = []
     if in_container:
         if hf_home:
@@ -339,12 +340,11 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         if sc.nemo_mount:
             mounts.append(_mount(str(job.project_root), sc.nemo_mount, "slurm.nemo_mount"))
         mounts += [_mount(m.source, m.dest, f"slurm.extra_mounts[{i}]") for i, m in enumerate(sc.extra_mounts)]
-    setup += nsys_check_lines(cfg.profile.nsys)
+    setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
     if sc.setup:
         setup += ["# slurm.setup", *sc.setup]
     if job.workdir is not None:
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
-    spec = JobSpec(Path(_JOB_DIR), job.job_name)
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
     params = _sbatch_params(sc)
@@ -423,6 +423,10 @@ class Slurm(Backend[Request, SlurmRef]):
         of ``env_vars`` exist here. Raises PreflightError / ConfigError naming what is missing."""
         from automodel_hydra.config import host_problems
 
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():
+            raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
+                                 "on a login node")
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
@@ -570,12 +574,28 @@ def _submit_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not (k.startswith(drop) or k in dist)}
 
 
+#: sbatch's words for "no cluster to talk to", and what the user is missing (slurm.conf(5): SLURM_CONF names the
+#: configuration; a configless cluster answers only on its login nodes).
+_SBATCH_HINTS = (
+    ("Unable to process configuration file", ": the Slurm configuration cannot be read; set SLURM_CONF to the "
+     "cluster's slurm.conf, or submit from a login node"),
+    ("Could not establish a configuration source", ": this machine has the Slurm client but no configuration; "
+     "set SLURM_CONF to the cluster's slurm.conf, or submit from a login node"),
+    ("Unable to contact slurm controller", ": the Slurm controller does not answer from here; submit from a login "
+     "node, or check SLURM_CONF (scontrol ping)"),
+    ("resolve", ": the Slurm controller's host name does not resolve here; submit from a login node, or check "
+     "SLURM_CONF (scontrol ping)"),
+)
+
+
 def _sbatch(script: Path) -> str:
     """Submit ``script`` (``sbatch --parsable``); returns the job id. Raises RuntimeError with sbatch's own
     message on failure."""
     proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=_submit_env())
     if proc.returncode != 0:
-        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout}")
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
+        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
     job_id = proc.stdout.strip().split(";")[0]  # sbatch(1) --parsable: "jobid[;cluster_name]"
     if not job_id.isdigit():
         raise RuntimeError(f"sbatch {script} printed {proc.stdout!r}, not a job id (sbatch --parsable)")
