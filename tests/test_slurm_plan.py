@@ -24,7 +24,7 @@ from automodel_hydra.backends import slurm
 from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
 from automodel_hydra.backends.slurm import parse_slurm_time
 from automodel_hydra.schema import ConfigError
-from automodel_hydra.plan import Batch, JobSpec, Plan
+from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError
 from automodel_hydra.states import JobState
 from tests.helpers import ROOT, compose_cfg
 
@@ -397,6 +397,25 @@ def test_submit_runs_the_array_script_planning_wrote_and_writes_nothing(fake_slu
     infos = backend.states([s.ref for s in subs])
     assert [i.state for i in infos] == [JobState.COMPLETED, JobState.PENDING, JobState.PENDING]
     assert infos[1].reason == "Priority" and infos[0].reason == ""
+
+
+@pytest.mark.parametrize("said, hint", [
+    ("sbatch: error: Unable to contact slurm controller (connect failure)", "login node"),
+    ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host", "does not resolve"),
+    ("sbatch: fatal: Could not establish a configuration source", "set SLURM_CONF"),
+])
+def test_no_reachable_cluster_says_what_is_missing(fake_slurm: Path, said: str, hint: str) -> None:
+    _write_exe(fake_slurm / "fakebin" / "sbatch", f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
+    backend = slurm.Slurm()
+    (batch,) = backend.batches([backend.plan(load([], fake_slurm / "r"), JobSpec(fake_slurm / "r", "train"))], None)
+    with pytest.raises(RuntimeError, match=hint):
+        backend.submit(batch)
+
+
+def test_slurm_conf_that_is_no_file_fails_preflight_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nope.conf"))
+    with pytest.raises(PreflightError, match="SLURM_CONF=.*nope.conf is not a file"):
+        slurm.Slurm().preflight([load([], tmp_path)])
 
 
 def test_state_is_unknown_when_no_tool_knows_the_job(fake_slurm: Path) -> None:
