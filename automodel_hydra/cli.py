@@ -125,7 +125,7 @@ def find_runs(base: str | Path = ".") -> list[RunDir]:
     never read. A dir counts when it holds a launch record, i.e. when something was submitted there."""
     found = []
     for top in SEARCH_ROOTS:
-        stack = [(Path(base) / top, 0)]
+        stack = [(Path(base).resolve() / top, 0)]
         while stack:
             d, depth = stack.pop()
             sweep = (d / "multirun.yaml").is_file() or (d / "launch" / "manifest.json").is_file()
