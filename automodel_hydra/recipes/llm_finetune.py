@@ -245,8 +245,8 @@ def train(cfg: TrainConfig, env: RankEnv, should_stop: tp.Callable[[], bool] = l
             validate = last or (sched.val_every_steps is not None and step % sched.val_every_steps == 0)
 
             if step % sched.log_interval == 0 or last or stop or validate:
-                extra = {"val_loss": evaluate(raw_model, data.val, env.device)} if validate else {}
                 tokens_per_s = window_steps * tokens_per_step / (time.perf_counter() - window_start)
+                extra = {"val_loss": evaluate(raw_model, data.val, env.device)} if validate else {}
                 record = metrics.log(step, mean_over_ranks(loss, env), lr, tokens_per_s, **extra)
                 result.update(step=step, loss=record["loss"], tokens_per_s=tokens_per_s, **extra)
                 window_start, window_steps = time.perf_counter(), 0
