@@ -264,5 +264,6 @@ def _two_rank_worker(rank: int, port: int, root: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # spawns 2 processes
 def test_two_ranks_gloo(tmp_path):
     mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
