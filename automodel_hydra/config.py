@@ -64,18 +64,22 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     """Training text. ``source: pydoc`` is the Python documentation that ships with every CPython
-    (``pydoc_data.topics``): real English and code, no download. ``source: file`` reads ``path``."""
+    (``pydoc_data.topics``): real English and code, no download. ``source: file`` reads ``path``; ``source: jsonl``
+    reads prompt/answer rows from ``path`` (loss on the answer only)."""
 
     source: str = "pydoc"
-    # a UTF-8 text file, used when source is "file"
+    # a UTF-8 file, used when source is "file" (text) or "jsonl" (one JSON object per line)
     path: tp.Optional[str] = None
     # tokens (bytes) per sample
     seq_len: int = 64
+    # source "jsonl": the fields of each row holding the prompt (no loss) and the answer (the loss)
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
 
     def __post_init__(self) -> None:
-        require(self.source in ("pydoc", "file"), "data.source", self.source, "one of 'pydoc', 'file'")
-        if self.source == "file":
-            require(bool(self.path), "data.path", self.path, "a UTF-8 text file when data.source=file")
+        require(self.source in ("pydoc", "file", "jsonl"), "data.source", self.source, "one of pydoc, file, jsonl")
+        if self.source in ("file", "jsonl"):
+            require(bool(self.path), "data.path", self.path, f"a UTF-8 file when data.source={self.source}")
         at_least("data.seq_len", self.seq_len, 2)
 
 
@@ -94,11 +98,14 @@ class StepSchedulerConfig:
     global_batch_size: tp.Optional[int] = None
     # AutoModel's name for checkpoint_interval (see config.ALIASES)
     ckpt_every_steps: tp.Optional[int] = None
+    # validation loss (held-out data) every N steps and at the last step; null = at the last step only
+    val_every_steps: tp.Optional[int] = None
 
     def __post_init__(self) -> None:
         at_least("step_scheduler.max_steps", self.max_steps)
         at_least("step_scheduler.checkpoint_interval", self.checkpoint_interval)
         at_least("step_scheduler.log_interval", self.log_interval)
+        at_least("step_scheduler.val_every_steps", self.val_every_steps)
         at_least("step_scheduler.local_batch_size", self.local_batch_size)
         at_least("step_scheduler.global_batch_size", self.global_batch_size)
 
@@ -134,8 +141,8 @@ class CheckpointConfig:
     dir: tp.Optional[str] = None
     # torch.distributed.checkpoint.async_save: training continues while the checkpoint is written
     async_save: bool = False
-    # keep only the newest K complete checkpoints (0 = keep all)
-    keep_latest_k: int = 0
+    # keep only the newest K complete checkpoints (0 = keep all); the newest and the one resumed from always stay
+    keep_latest_k: int = 3
     # AutoModel's name for restore_from.path (see config.ALIASES)
     restore_from: tp.Optional[str] = None
 

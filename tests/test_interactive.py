@@ -31,7 +31,7 @@ def test_two_ranks_train_then_resume_continues_from_newest_checkpoint(tmp_path) 
     steps = [r["step"] for r in metrics(run)]
     assert steps == list(range(1, 41)), "every step from 1 to 40 exactly once"
     # only the driver made Hydra dirs: no stray timestamped output dirs from the ranks
-    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [".hydra", "checkpoints", "launch"]
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [".hydra", "checkpoints", "final_model", "launch"]
 
 
 @pytest.mark.slow
