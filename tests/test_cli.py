@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from automodel_hydra import cli
+from automodel_hydra.states import JobState
 from automodel_hydra.backends.interactive import free_port
 from tests.helpers import ROOT, train_py
 
@@ -156,24 +157,50 @@ def group_alive(pgid: int) -> bool:
 def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
 
-    def broken(record: dict[str, tp.Any]) -> str:
+    calls: list[int] = []
+
+    def broken(refs: tp.Any) -> list[StateInfo]:
         raise RuntimeError("sacct: error: Problem talking to the database")
 
-    fakes = {"slurm": types.SimpleNamespace(status=broken), "skypilot": types.SimpleNamespace(status=lambda r: "UP"),
-             # a backend that answers for many jobs at once is asked once
-             "interactive": types.SimpleNamespace(statuses=lambda records: ["RUNNING"] * len(records))}
+    def answers(refs: tp.Any) -> list[StateInfo]:
+        calls.append(len(refs))  # a backend answers for all its jobs in one call
+        return [StateInfo(JobState.RUNNING)] * len(refs)
+
+    def fake(states: tp.Callable[[tp.Any], list[StateInfo]]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(states=states, ref_from_record=lambda r: r["job_ids"][0])
+
+    fakes = {"slurm": fake(broken), "interactive": fake(answers)}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
     jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"], "job_dir": str(tmp_path / str(i)),
-             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "skypilot", "interactive"])]
+             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "interactive", "interactive"])]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
     assert cli.main(["status", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("UNKNOWN", ["17"]), ("RUNNING", ["27"])]
-    assert "Problem talking to the database" in rows[0]["note"] and "'UP'" in rows[1]["note"]
+    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("RUNNING", ["17"]), ("RUNNING", ["27"])]
+    assert "Problem talking to the database" in rows[0]["note"] and calls == [2]
     assert cli.main(["status", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("UNKNOWN") == 2
+    assert capsys.readouterr().out.count("UNKNOWN") == 1
+
+
+def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
+
+    infos = [StateInfo(JobState.PENDING, "Priority"), StateInfo(JobState.PENDING, "PartitionConfig")]
+    fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r)
+    monkeypatch.setattr(backends, "get", lambda name: fake)
+    jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [], "job_dir": str(tmp_path / str(i)),
+             "job_name": "train", "log_path": None} for i in range(2)]
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
+    assert cli.main(["status", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["note"] == "Priority"
+    assert rows[1]["note"].startswith("PartitionConfig (will not start as submitted")
 
 
 def test_a_dir_without_records_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,9 +297,11 @@ def test_final_states_come_from_jobstate(tmp_path: Path, monkeypatch: pytest.Mon
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """PREEMPTED (not requeued) is final in the single vocabulary: nothing to cancel, and `logs` stops following."""
     from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
 
-    cancelled: list[str] = []
-    fake = types.SimpleNamespace(status=lambda r: "PREEMPTED", cancel=lambda r: cancelled.append(r["job_dir"]))
+    cancelled: list[tp.Any] = []
+    fake = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.PREEMPTED)] * len(refs),
+                                 cancel=cancelled.extend, ref_from_record=lambda r: r["job_dir"])
     monkeypatch.setattr(backends, "get", lambda name: fake)
     _job(tmp_path / "R", None, [], completed=False)
     assert cli.main(["cancel", str(tmp_path / "R")]) == 0

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from automodel_hydra.config import ConfigError, DataConfig
+from automodel_hydra.config import DataConfig
+from automodel_hydra.schema import ConfigError
 from automodel_hydra.data import (
     BYTES,
     IGNORE,
@@ -201,7 +202,7 @@ def test_jsonl_field_names_are_configurable_and_bad_rows_are_named(tmp_path):
     bad.write_text('{"prompt": "a", "answer": "b"}\n\n{"prompt": "a", "answer": "b"\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:3: not JSON"):
         read_jsonl(bad)
-    with pytest.raises(ConfigError, match="data.path=None is invalid: an existing UTF-8 file when data.source=jsonl"):
+    with pytest.raises(ConfigError, match="data.path=None is invalid: a UTF-8 file when data.source=jsonl"):
         DataConfig(source="jsonl")
 
 
