@@ -286,22 +286,30 @@ def test_one_cuda_device_per_local_rank(local_rank: int, gpus: int, device: str)
 WEIRD = "we ird 'q' \"dq\" ; echo INJECTED > MARK1 $(touch MARK2) `touch MARK3` \\ end"
 
 
+def test_a_backslash_in_the_run_dir_is_refused_naming_the_log_option(tmp_path: Path) -> None:
+    """sbatch drops a backslash from a filename pattern (sbatch(1)): the log would land elsewhere."""
+    job = JobSpec(tmp_path / "a\\b" / "job", job_name="train")
+    with pytest.raises(ValueError, match="--output=.*cannot contain a backslash"):
+        script([], job=job)
+
+
 def test_weird_values_stay_data_when_bash_runs_the_script(standins: Path, tmp_path: Path) -> None:
-    job = JobSpec(tmp_path / WEIRD / "job", job_name=f"train {WEIRD}")
+    job = JobSpec(tmp_path / WEIRD.replace("\\", "") / "job", job_name=f"train {WEIRD}")
     env_value = f"line1\n{WEIRD}\n$HOME ${{HOME}}"
     text = script(["profile=nsys", "slurm.nodes=1", "slurm.ntasks_per_node=2"], job=job, job_name=f"llm {WEIRD}",
                   env_vars={"WEIRD": env_value}, srun_args=[f"--comment={WEIRD}"])
     (tmp_path / "bin" / "nsys").write_text("")  # the node-side nsys check only needs it on PATH
     (tmp_path / "bin" / "nsys").chmod(0o755)
     seen = run_script(text, standins, tmp_path, nodes=1)
-    assert seen["env"]["WEIRD"] == env_value
+    # $HOME and ${HOME} are references, expanded where the job runs (a shell's meaning); the rest stays data
+    assert seen["env"]["WEIRD"] == env_value.replace("$HOME ${HOME}", f"{seen['env']['HOME']} {seen['env']['HOME']}")
     assert seen["env"]["AUTOMODEL_JOB_DIR"] == str(job.job_dir)
     args = worker_args(seen["argv"])
     assert args == [str(job.job_file), "--log-file", str(job.log_file)]
     assert f"--comment={WEIRD}" in seen["argv"]
     assert f"--output={job.job_dir}/{job.job_name}_%h_rank%q{{SLURM_PROCID}}" in seen["argv"]
     assert not list(tmp_path.glob("MARK*")) and not list(Path.cwd().glob("MARK*")), "a value ran as code"
-    assert directives(text)["job-name"].startswith("'llm we ird")  # sbatch parses quoted #SBATCH values
+    assert directives(text)["job-name"].startswith('"llm we ird')  # sbatch parses quoted #SBATCH values
 
 
 # ----------------------------------------------------------------------------------------------- sweeps: job arrays

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
+from automodel_hydra.backends.slurm_script import (SRUN_EXPORT_ARGS, parse_job_id, pattern_literal, render_sbatch,
+                                                   sbatch_export_args)
 from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission, read_result,
                                   worker_argv)
@@ -240,7 +242,8 @@ class SlurmConfig:
 class Request:
     """Everything a job's script needs except its output dir; equal requests share one job array."""
 
-    sbatch: tuple[tuple[str, tp.Any], ...]  # sbatch options
+    sbatch: tuple[tuple[str, object], ...]  # sbatch options, in order (slurm_script.render_sbatch)
+    array_parallelism: int
     setup: tuple[str, ...]  # script lines before srun, after the job-dir line
     container_image: str | None
     mounts: tuple[str, ...]  # "src:dst" for --container-mounts, besides the output dirs
@@ -268,20 +271,22 @@ def _sh(arg: str) -> str:
     return f'"${JOB_DIR_VAR}"'.join(shlex.quote(p) if p or len(parts) == 1 else "" for p in parts)
 
 
-def _sbatch_params(sc: SlurmConfig) -> dict[str, tp.Any]:
-    """``cfg.slurm`` as ``_make_sbatch_string`` keyword arguments; unset options are left out (never ``None``)."""
+def _directives(sc: SlurmConfig) -> tuple[tuple[str, object], ...]:
+    """``cfg.slurm`` as sbatch options (sbatch(1) long names), in the order they are written; unset ones left out.
+    ``sbatch_args`` come last and may add any option (null = a bare flag, false = left out)."""
     gpus = sc.ntasks_per_node if sc.gpus_per_node is None else sc.gpus_per_node
-    extra: dict[str, tp.Any] = {"requeue": True} if sc.max_requeues > 0 else {}
+    options: dict[str, object | None] = {
+        "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
+        "gpus-per-node": gpus or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem, "account": sc.account,
+        "partition": sc.partition, "qos": sc.qos, "constraint": sc.constraint, "exclude": sc.exclude,
+        # the time-limit warning: every rank checkpoints, then the job requeues itself (docs/slurm.md)
+        "signal": f"USR2@{sc.checkpoint_margin_s}", "requeue": True if sc.max_requeues > 0 else None,
+        "open-mode": "append",  # a requeued job appends to its log instead of truncating it
+    }
     for key, value in sc.sbatch_args.items():
-        if value is not False:  # null = a flag (#SBATCH --key), false = leave it out
-            extra[str(key).lstrip("-")] = True if value is None else value
-    params = dict(job_name=sc.job_name, time=sc.time_minutes, nodes=sc.nodes, ntasks_per_node=sc.ntasks_per_node,
-                  gpus_per_node=gpus or None, cpus_per_task=sc.cpus_per_task, mem=sc.mem, account=sc.account,
-                  partition=sc.partition, qos=sc.qos, constraint=sc.constraint, exclude=sc.exclude,
-                  signal_delay_s=sc.checkpoint_margin_s, array_parallelism=sc.array_parallelism,
-                  stderr_to_stdout=True, additional_parameters=extra)
-    # wckey=None: no `--wckey=submitit` (submitit's default), which clusters enforcing wckeys would reject
-    return {**{k: v for k, v in params.items() if v is not None and v != ""}, "wckey": None}
+        name = str(key).lstrip("-").replace("_", "-")
+        options[name] = None if value is False else True if value is None else value
+    return tuple((k, v) for k, v in options.items() if v is not None and v != "")
 
 
 def _mount(source: str, dest: str, key: str) -> str:
@@ -347,9 +352,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
-    params = _sbatch_params(sc)
-    params["additional_parameters"] = tuple(sorted(params["additional_parameters"].items()))
-    return Request(sbatch=tuple(sorted(params.items())), setup=tuple(setup), container_image=sc.container_image,
+    return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup), container_image=sc.container_image,
                    mounts=tuple(mounts), srun_args=tuple(sc.srun_args), command=command,
                    env_refs=tuple(r.name for e in env for r in e.refs), ntasks=sc.world_size)
 
@@ -358,35 +361,27 @@ def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -
     """The sbatch script for one job (``array=False``) or for a job array whose task i runs ``job_dirs[i]``.
 
     Logs go to ``<root>/slurm/%j_%t_log.out`` (arrays: ``%A_%a_%t``), root = the job dir, or for an array the
-    common parent of its job dirs. Raises ValueError on a newline in an ``#SBATCH`` value."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
+    common parent of its job dirs. Raises ValueError naming the option (slurm_script.render_sbatch's rules)."""
     root = log_root(job_dirs, array)
-    params = dict(request.sbatch)
-    params["additional_parameters"] = dict(params["additional_parameters"])
-    directives = {**params, **params["additional_parameters"], "output": str(root)}
-    for key, value in directives.items():
-        if isinstance(value, str) and ("\n" in value or "\r" in value):
-            raise ValueError(f"#SBATCH --{key.replace('_', '-')}={value!r}: sbatch reads one option per line, "
-                             "so the value cannot contain a newline")
+    log_name = "%A_%a_%t_log.out" if array else "%j_%t_log.out"
+    output = f"{pattern_literal(root)}/slurm/{log_name}"
+    directives = list(request.sbatch)
+    if array:
+        directives.append(("array", f"0-{len(job_dirs) - 1}%{min(len(job_dirs), request.array_parallelism)}"))
+    directives.append(("output", output.replace("%t", "0")))  # the batch step's own output: task 0's file
     if array:
         select = ["# array task i runs the job in job_dirs[i]", "job_dirs=(", *[f"  {shlex.quote(str(d))}"
                   for d in job_dirs], ")", f'export {JOB_DIR_VAR}="${{job_dirs[$SLURM_ARRAY_TASK_ID]}}"']
     else:
         select = [f"export {JOB_DIR_VAR}={shlex.quote(str(job_dirs[0]))}"]
-    srun = ["--kill-on-bad-exit=1"]
+    srun = ["--unbuffered", f"--output={output}", "--kill-on-bad-exit=1", *SRUN_EXPORT_ARGS]
     if request.container_image:
         mounts = [*request.mounts, _mount(str(root), str(root), "output dir")]
         srun += [f"--container-image={request.container_image}", f"--container-mounts={','.join(mounts)}",
                  f"--container-workdir={root}"]
     srun += request.srun_args
     setup = [request.setup[0], *select, *request.setup[1:]]
-    folder = str(root / "slurm").replace("%", "%%")  # sbatch(1) "filename pattern": %% is a literal %
-    text = _make_sbatch_string(command=request.command, folder=folder, setup=setup, srun_args=srun,
-                               map_count=len(job_dirs) if array else None, **params)
-    # sbatch's #SBATCH parser reads a backslash as an escape even inside quotes (src/sbatch/opt.c,
-    # _get_argument), so a run dir "a\ b" came out as "a  b" for --output; bash never reads these lines
-    return "\n".join(line.replace("\\", "\\\\") if line.startswith("#SBATCH") else line for line in text.split("\n"))
+    return render_sbatch(directives=directives, setup=setup, srun_args=srun, command=request.command)
 
 
 def log_root(job_dirs: tp.Sequence[Path], array: bool) -> Path:
@@ -490,7 +485,7 @@ class Slurm(Backend[Request, SlurmRef]):
         dirs = [p.job.job_dir for p in batch.plans]
         (log_root(dirs, bool(array)) / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
         started = time.time()
-        job_id = _sbatch(script)
+        job_id = _sbatch(script, batch.plans[0].request.env_refs)
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
@@ -537,7 +532,7 @@ class Slurm(Backend[Request, SlurmRef]):
 
     def states(self, refs: tp.Sequence[SlurmRef]) -> list[StateInfo]:
         """One ``sacct`` call for all jobs (``squeue`` for those it does not know, or when accounting is off)."""
-        from automodel_hydra.backends.slurm_parse import query
+        from automodel_hydra.backends.slurm_states import query
 
         found = query([r.job_id for r in refs])
         return [found.get(r.job_id, StateInfo(JobState.UNKNOWN)) for r in refs]
@@ -588,18 +583,19 @@ _SBATCH_HINTS = (
 )
 
 
-def _sbatch(script: Path) -> str:
-    """Submit ``script`` (``sbatch --parsable``); returns the job id. Raises RuntimeError with sbatch's own
-    message on failure."""
-    proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=_submit_env())
+def _sbatch(script: Path, env_refs: tp.Sequence[str] = ()) -> str:
+    """Submit ``script`` (``sbatch --parsable``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
+    job sees ``env_refs``); returns the job id. Raises RuntimeError with sbatch's own message on failure."""
+    argv = ["sbatch", "--parsable", *sbatch_export_args(os.environ, env_refs), str(script)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_submit_env())
     if proc.returncode != 0:
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
         raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
-    job_id = proc.stdout.strip().split(";")[0]  # sbatch(1) --parsable: "jobid[;cluster_name]"
-    if not job_id.isdigit():
-        raise RuntimeError(f"sbatch {script} printed {proc.stdout!r}, not a job id (sbatch --parsable)")
-    return job_id
+    try:
+        return parse_job_id(proc.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"sbatch {script}: {e}") from None
 
 
 def _fresh_result(sub: Submission[SlurmRef]) -> bool:
