@@ -6,8 +6,8 @@ submit their own scripts, built with ``render_sbatch``, whose tasks run the prod
 prove the rank side, whatever backend submits the job. Partitions ``low``/``lowcancel``/``lowgrace``/``high`` of
 the test cluster are described in docs/slurm-test-cluster.md.
 
-Every worker job pays torch's and the recipe's start-up on each rank (10-45 s on the 2-core test machine, more
-under load), so the timeouts below are generous; the training itself is a few seconds.
+Every worker job pays torch's and the recipe's start-up on each rank (20-45 s on the 2-core test machine under
+load), so the timeouts below are generous; the training itself is a few seconds.
 """
 
 from __future__ import annotations
