@@ -99,6 +99,7 @@ def test_unset_options_are_left_out() -> None:
                 "requeue", "wckey"):
         assert key not in d, key
     assert "None" not in text and "=null" not in text
+    assert "no-requeue" in d  # else the cluster's JobRequeue=1 default requeues it after a node failure
     assert "export AUTOMODEL_MAX_REQUEUES=0" in text
 
 

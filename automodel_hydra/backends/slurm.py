@@ -280,7 +280,10 @@ def _directives(sc: SlurmConfig) -> tuple[tuple[str, object], ...]:
         "gpus-per-node": gpus or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem, "account": sc.account,
         "partition": sc.partition, "qos": sc.qos, "constraint": sc.constraint, "exclude": sc.exclude,
         # the time-limit warning: every rank checkpoints, then the job requeues itself (docs/slurm.md)
-        "signal": f"USR2@{sc.checkpoint_margin_s}", "requeue": True if sc.max_requeues > 0 else None,
+        "signal": f"USR2@{sc.checkpoint_margin_s}",
+        # --requeue lets Slurm requeue the job after a preemption or a node failure; without requeues the job must
+        # say --no-requeue, or the cluster's JobRequeue=1 default requeues it anyway (slurm.conf(5))
+        "requeue": True if sc.max_requeues > 0 else None, "no-requeue": True if sc.max_requeues == 0 else None,
         "open-mode": "append",  # a requeued job appends to its log instead of truncating it
     }
     for key, value in sc.sbatch_args.items():
