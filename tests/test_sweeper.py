@@ -87,7 +87,7 @@ def sweep(overrides: list[str], tmp_path: Path, launchers: dict[str, Recorder],
                 sweeper.setup(hydra_context=context, task_function=lambda _: None, config=cfg)
                 # recorded, not composed (the recording launchers are not ours, so it validates)
                 sweeper.validate_batch_is_legal = (  # type: ignore[method-assign]
-                    validated.append if validated is not None else lambda batch: None)
+                    lambda batch: validated.append([list(j) for j in batch]) if validated is not None else None)
             sweeper.launcher = tp.cast(Launcher, launcher)
             sweeper.sweep(arguments=task)
             out[name] = launcher.batches
@@ -181,8 +181,8 @@ def test_hydra_sweeper_automodel_basic_selects_it_with_its_settings() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(),
                                callbacks=tp.cast(tp.Any, None))
-        sweeper = Plugins.instance().instantiate_sweeper(hydra_context=context, task_function=lambda _: None,
-                                                         config=cfg)
+        sweeper: tp.Any = Plugins.instance().instantiate_sweeper(hydra_context=context,
+                                                                 task_function=lambda _: None, config=cfg)
     assert f"{type(sweeper).__module__}.{type(sweeper).__qualname__}" == name
     assert sweeper.max_batch_size == 3 and sweeper.params == {"optim.lr": "1e-3,3e-3,1e-2", "seed": "1,2"}
     assert sweeper._launcher_validates(), type(sweeper.launcher)
