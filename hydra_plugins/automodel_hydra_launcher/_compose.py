@@ -71,7 +71,7 @@ class SweepComposer:
         self._is_value: dict[str, bool] = {}
         self._groups: dict[str, bool] = {}
         self._sources = [(s.path, s.scheme(), s.provider) for s in config_loader.get_sources()]
-        self._bases: collections.OrderedDict[tuple[str, ...], bytes | DictConfig | None] = collections.OrderedDict()
+        self._bases: collections.OrderedDict[tuple[str, ...], _Base | None] = collections.OrderedDict()
         hydra_overrides = OmegaConf.to_container(master_config.hydra.overrides.hydra, resolve=False)
         assert isinstance(hydra_overrides, list)
         self._master_overrides = [self._parse(str(o)) for o in hydra_overrides]
@@ -93,18 +93,13 @@ class SweepComposer:
         base = self._base(tuple(str(o.input_line) for o in others))
         if base is None:
             return self._fallback(overrides)
-        # an exact copy: unpickling is 2-3x faster than copy.deepcopy (OmegaConf configs pickle)
-        cfg = pickle.loads(base) if isinstance(base, bytes) else copy.deepcopy(base)
+        cfg = base.copy()
         try:
             for o in values:
                 _apply(cfg, o)
-            task = [str(o.input_line) for o in self._master_overrides + parsed if not o.is_hydra_override()]
-            cfg.hydra.overrides.task = task
-            cfg.hydra.job.override_dirname = _override_dirname(
-                [o for o in self._master_overrides + parsed if not o.is_hydra_override()],
-                exclude_keys=list(cfg.hydra.job.config.override_dirname.exclude_keys),
-                item_sep=cfg.hydra.job.config.override_dirname.item_sep,
-                kv_sep=cfg.hydra.job.config.override_dirname.kv_sep)
+            task = [o for o in self._master_overrides + parsed if not o.is_hydra_override()]
+            cfg.hydra.overrides.task = [str(o.input_line) for o in task]
+            cfg.hydra.job.override_dirname = _override_dirname(task, base.exclude_keys, base.item_sep, base.kv_sep)
         except Exception:  # noqa: BLE001  (Hydra's own compose then raises its own error, or succeeds)
             return self._fallback(overrides)
         OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
@@ -149,9 +144,8 @@ class SweepComposer:
         keys = [o.key_or_group for o in others if not self._is_group(o.key_or_group) or isinstance(o.value(), dict)]
         return any(_related(v.key_or_group, k) for v in values for k in keys)
 
-    def _base(self, others: tuple[str, ...]) -> bytes | DictConfig | None:
-        """The base config for these non-value overrides, pickled (or itself when it does not pickle); None when
-        a copy of it cannot give Hydra's result."""
+    def _base(self, others: tuple[str, ...]) -> _Base | None:
+        """The base config for these non-value overrides; None when a copy of it cannot give Hydra's result."""
         if others in self._bases:
             self._bases.move_to_end(others)
             return self._bases[others]
@@ -162,13 +156,7 @@ class SweepComposer:
             base = None
         if base is not None and not self._usable(base):
             base = None
-        if base is not None:
-            try:  # a class of a structured node that pickle cannot find by its name (its module was re-run)
-                self._bases[others] = pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)
-            except (pickle.PicklingError, TypeError, AttributeError):
-                self._bases[others] = base
-        else:
-            self._bases[others] = None
+        self._bases[others] = _Base.of(base) if base is not None else None
         while len(self._bases) > self.max_bases:
             self._bases.popitem(last=False)
         return self._bases[others]
@@ -184,6 +172,33 @@ class SweepComposer:
             return False
         od = base.hydra.job.config.override_dirname
         return not any(OmegaConf.is_interpolation(od, k) for k in ("item_sep", "kv_sep"))
+
+
+class _Base:
+    """A composed base config, kept pickled (unpickling is 2-3x faster than ``copy.deepcopy``; OmegaConf configs
+    pickle), with the override-dirname settings Hydra reads from it (``_usable`` made sure they are plain values,
+    and value overrides never touch ``hydra.*``, so every copy has these)."""
+
+    def __init__(self, payload: bytes | DictConfig, exclude_keys: list[str], item_sep: str, kv_sep: str) -> None:
+        self.payload, self.exclude_keys, self.item_sep, self.kv_sep = payload, exclude_keys, item_sep, kv_sep
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> _Base:
+        od = cfg.hydra.job.config.override_dirname
+        payload: bytes | DictConfig
+        try:
+            payload = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):  # a structured node's class is not found by
+            payload = cfg                                           # its name (its module was run again)
+        return cls(payload, [str(k) for k in od.exclude_keys], str(od.item_sep), str(od.kv_sep))
+
+    def copy(self) -> DictConfig:
+        """An exact, independent copy of the base config."""
+        if isinstance(self.payload, bytes):
+            cfg = pickle.loads(self.payload)
+            assert isinstance(cfg, DictConfig)
+            return cfg
+        return copy.deepcopy(self.payload)
 
 
 def sweep_configs(config_loader: ConfigLoader, master_config: DictConfig,
