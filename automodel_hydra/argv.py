@@ -6,7 +6,8 @@ Both shapes run the file with our launcher and output dirs, without a line added
 * ``automodel-hydra F.yaml [--a.b=c | a.b=c ...] [-m]`` (AutoModel's CLI shape: ``automodel cfg.yaml --a.b=c``).
 
 What :func:`for_user_config` adds, each only when the command line does not set it already: our Hydra launcher
-(``hydra/launcher=automodel``, so ``-m`` becomes one Slurm job array), and our run and sweep dirs (one dir per
+(``hydra/launcher=automodel``, so ``-m`` becomes one Slurm job array) and sweeper (``automodel_basic``), and our
+run and sweep dirs (one dir per
 command); ``dry_run=X`` becomes ``++dry_run=X`` (a user's file has no ``dry_run`` key), and AutoModel's
 ``--a.b=c`` becomes Hydra's ``++a.b=c`` (set, adding the key when the file lacks it, as AutoModel's CLI does).
 """
@@ -39,6 +40,8 @@ def for_user_config(argv: list[str]) -> list[str]:
     keys = {a.split("=", 1)[0].lstrip("+~") for a in out if "=" in a}
     if "hydra/launcher" not in keys:
         out.append("hydra/launcher=automodel")
+    if "hydra/sweeper" not in keys:
+        out.append("hydra/sweeper=automodel_basic")
     if "hydra.run.dir" not in keys:
         out.append(f"hydra.run.dir={RUN_DIR}")
     if "hydra.sweep.dir" not in keys:

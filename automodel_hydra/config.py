@@ -452,4 +452,5 @@ def register() -> None:
 
     ConfigStore.instance().store(name="llm_finetune_schema", node=TrainConfig)
     if not OmegaConf.has_resolver("automodel_uid"):
-        OmegaConf.register_new_resolver("automodel_uid", lambda: secrets.token_hex(2), use_cache=True)
+        tag = secrets.token_hex(2)  # one per process: every config composed here (each sweep job's) agrees
+        OmegaConf.register_new_resolver("automodel_uid", lambda: tag)

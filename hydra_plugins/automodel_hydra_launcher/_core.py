@@ -3,7 +3,8 @@ running.
 
 1. The task function must declare the interface we plan through (``automodel_hydra.driver.launchable``); any
    other task function is refused, naming it — it is never run in this process under a launcher named Slurm.
-2. For each job: compose its config, set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
+2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
+   config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
    function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
    calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing).
 3. If any job failed to prepare (a bad value), stop before anything is submitted.
@@ -26,6 +27,8 @@ from omegaconf import DictConfig, open_dict
 
 from automodel_hydra import driver
 from automodel_hydra.plan import JobFailedError
+
+from ._compose import iter_sweep_configs
 
 if tp.TYPE_CHECKING:
     from .launcher import AutomodelLauncher
@@ -72,9 +75,9 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     returns: list[JobReturn] = []
     configs: list[DictConfig] = []
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+    composed = iter_sweep_configs(context.config_loader, config, job_overrides)  # one Hydra compose per group
+    for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, composed), start=initial_job_idx):
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-        sweep_config = context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx

@@ -1,5 +1,6 @@
 """Hydra registrations of automodel-hydra (Hydra imports this module when it scans ``hydra_plugins``):
-the launcher ``hydra/launcher=automodel`` and the recipe schema ``llm_finetune_schema``.
+the launcher ``hydra/launcher=automodel``, the sweeper ``hydra/sweeper=automodel_basic`` and the recipe schema
+``llm_finetune_schema``.
 
 The job's own sections (``interactive:``, ``slurm:``, ``skypilot:``) hold every option, so a sweep can vary them
 and each job routes by its own sections; the launcher node only names the launcher class."""
@@ -16,6 +17,18 @@ class AutomodelLauncherConf:
     _target_: str = "hydra_plugins.automodel_hydra_launcher.launcher.AutomodelLauncher"
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="automodel", node=AutomodelLauncherConf,
-                             provider="automodel_hydra")
+@dataclass
+class AutomodelSweeperConf:
+    """``hydra/sweeper=automodel_basic``: Hydra's basic sweep, each job composed once under our launcher."""
+
+    _target_: str = "hydra_plugins.automodel_hydra_launcher.sweeper.AutomodelSweeper"
+    # jobs per launcher call; null = all jobs in one call
+    max_batch_size: int | None = None
+    # sweep overrides placed before the command line's, e.g. {optim.lr: "1e-4,3e-4"}
+    params: dict[str, str] | None = None
+
+
+cs = ConfigStore.instance()
+cs.store(group="hydra/launcher", name="automodel", node=AutomodelLauncherConf, provider="automodel_hydra")
+cs.store(group="hydra/sweeper", name="automodel_basic", node=AutomodelSweeperConf, provider="automodel_hydra")
 register()
