@@ -63,8 +63,8 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
     ``nemo_automodel`` is not installed.
 
     Each leaf goes through ``ConfigNode`` on its own, so the error names its key: ``_target_`` and ``*_fn`` values
-    are imported (AutoModel's allowlist of module prefixes applies: nemo_automodel, torch, transformers, torchdata,
-    torchao, liger_kernel, unless ``NEMO_ENABLE_USER_MODULES=1``), ``${VAR}`` / ``${VAR,default}`` /
+    are imported (AutoModel 0.7.0 imports any module found on ``sys.path`` and refuses private or dunder attributes
+    unless ``NEMO_ENABLE_USER_MODULES=1``; ``path/file.py:attr`` targets load that file), ``${VAR}`` / ``${VAR,default}`` /
     ``${oc.env:VAR}`` / ``$VAR`` are expanded from this process's environment. ``allow_unset_env=True`` accepts a
     variable that is unset here (one that only the compute nodes set).
 
@@ -86,7 +86,7 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
             if allow_unset_env and "Environment variable" in str(e):
                 return
             raise RecipeSectionError(key, _one_line(e.args[0] if e.args else e)) from None
-        except Exception as e:  # ImportError, AssertionError (file targets), whatever a _target_'s module raises
+        except Exception as e:  # noqa: BLE001 - ImportError, AssertionError (file targets), whatever a module raises
             raise RecipeSectionError(key, f"{type(e).__name__}: {_one_line(e)}") from None
 
     for k, v in _items(recipe_sections):
@@ -165,11 +165,12 @@ def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool
         except errors.RepositoryNotFoundError:
             raise ModelNotFetchableError(name, "not found on the Hugging Face Hub (or private: set HF_TOKEN)") \
                 from None
-        except Exception as e:  # no network, proxy, server error: the cache may still have it
+        except Exception as e:  # noqa: BLE001 - no network, proxy, server error: the cache may still have it
             reason = f"Hub unreachable ({type(e).__name__}: {_one_line(e)[:160]})"
     else:
         reason = "offline (HF_HUB_OFFLINE=1)"
-    cached = huggingface_hub.try_to_load_from_cache(name, "config.json", cache_dir=cache_dir, revision=revision)
+    cached = huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision,
+                                                    cache_dir=None if cache_dir is None else os.fspath(cache_dir))
     if not isinstance(cached, str):
         where = cache_dir if cache_dir is not None else huggingface_hub.constants.HF_HUB_CACHE
         raise ModelNotFetchableError(name, f"{reason} and not in the Hugging Face cache {where}")
@@ -197,6 +198,8 @@ def _items(cfg: Mapping[str, tp.Any] | tp.Any) -> list[tuple[tp.Any, tp.Any]]:
         return list(cfg.items())
     if isinstance(cfg, (DictConfig, ListConfig)):
         cfg = OmegaConf.to_container(cfg, resolve=False)
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"expected a mapping of config sections, got {type(cfg).__name__}")
     return list(cfg.items())
 
 

@@ -34,8 +34,9 @@ def make_tiny_llama(path: Path) -> Path:
     """Write a ~210k-parameter ``LlamaForCausalLM`` (hidden 64, intermediate 128, 2 layers, 4 heads, vocab 1000,
     fp32, seeded) and a byte-level BPE tokenizer trained on the Python docs' topic text into ``path``, both with
     ``save_pretrained``: a directory ``from_pretrained`` loads like a Hub snapshot. Returns ``path``."""
-    import torch
     from pydoc_data.topics import topics
+
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -53,8 +54,10 @@ def make_tiny_llama(path: Path) -> Path:
     config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, torch_dtype="float32")
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
+                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="float32")
+    model = LlamaForCausalLM(config)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    model.save_pretrained(path)
     return path
 
 

@@ -272,3 +272,82 @@ def test_user_function_stops_on_sigusr2_on_every_rank(user_pkg: Path, tmp_path: 
     assert results[0]["step"] == results[1]["step"] >= 3
     assert json.loads((tmp_path / "ckpt.rank0.json").read_text())["step"] == results[0]["step"]
 
+
+
+# ------------------------------------------------------- the adapter's run() around a recipe-shaped class (fast)
+
+
+class FakeSignalHandler:
+    def __init__(self) -> None:
+        self.released = False
+
+    def release(self) -> bool:
+        self.released = True
+        return True
+
+
+class FakeRecipe:
+    """AutoModel's recipe protocol as :func:`automodel.run` uses it: setup(), run_train_validation_loop(),
+    step_scheduler.{step, epoch, sigterm_flag, sig_handler}, checkpointer.config.checkpoint_dir."""
+
+    instances: tp.ClassVar[list[FakeRecipe]] = []
+
+    def __init__(self, cfg: tp.Any) -> None:
+        self.cfg, self.ran = cfg, False
+        self.step_scheduler = SimpleNamespace(step=0, epoch=0, sigterm_flag=False, sig_handler=FakeSignalHandler())
+        self.checkpointer = SimpleNamespace(config=SimpleNamespace(checkpoint_dir=cfg["checkpoint"]["checkpoint_dir"]))
+        FakeRecipe.instances.append(self)
+
+    def setup(self) -> None:
+        pass
+
+    def run_train_validation_loop(self) -> None:
+        self.ran = True
+        sched = self.step_scheduler
+        sched.step = self.cfg["step_scheduler"].get("stop_at") or self.cfg["step_scheduler"]["max_steps"]
+        sched.sigterm_flag = bool(self.cfg["step_scheduler"].get("stop_at"))
+        ckpt = Path(self.checkpointer.config.checkpoint_dir)
+        (ckpt / "training.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0 - s}) + "\n"
+                                                     for s in range(sched.step)))
+        (ckpt / "validation.jsonl").write_text(json.dumps({"step": sched.step - 1, "val_loss": 4.5}) + "\n")
+
+
+@pytest.fixture
+def fake_automodel(monkeypatch: pytest.MonkeyPatch) -> tp.Iterator[None]:
+    """run() without AutoModel's loader: the config object is the plain sections (signals added)."""
+    from automodel_hydra.recipes import automodel
+
+    monkeypatch.setattr(automodel, "build_config", lambda sections: with_stop_signals(dict(sections)))
+    FakeRecipe.instances.clear()
+    yield
+
+
+def _job(tmp_path: Path, **sched: tp.Any) -> dict[str, tp.Any]:
+    return {"recipe": "FakeRecipe", "slurm": {"nodes": 2}, "checkpoint": {"checkpoint_dir": str(tmp_path)},
+            "step_scheduler": {"max_steps": 4, **sched}}
+
+
+def test_adapter_runs_setup_then_loop_and_reads_final_metrics(fake_automodel: None, tmp_path: Path) -> None:
+    recipe = Recipe("automodel", "t.FakeRecipe", FakeRecipe)
+    out = run_recipe(recipe, _job(tmp_path), tp.cast(tp.Any, ONE_RANK))
+    assert out == {"step": 4, "epoch": 0, "stopped_early": False, "world_size": 1, "loss": 2.0, "val_loss": 4.5}
+    [fake] = FakeRecipe.instances
+    assert "slurm" not in fake.cfg and fake.cfg["step_scheduler"]["preemption_signal"] == ["SIGTERM", "SIGUSR2"]
+    assert fake.step_scheduler.sig_handler.released  # the worker's own handlers are back
+    other_rank = SimpleNamespace(rank=1, local_rank=1, world_size=1, device="cpu")
+    assert "loss" not in run_recipe(recipe, _job(tmp_path), tp.cast(tp.Any, other_rank))  # rank 0 reports
+
+
+def test_adapter_reports_automodel_stop(fake_automodel: None, tmp_path: Path) -> None:
+    out = run_recipe(Recipe("automodel", "t.FakeRecipe", FakeRecipe), _job(tmp_path, stop_at=2),
+                     tp.cast(tp.Any, ONE_RANK))
+    assert out["stopped_early"] is True and out["step"] == 2
+
+
+def test_adapter_stops_before_training_on_an_early_signal(fake_automodel: None, tmp_path: Path) -> None:
+    """A signal during imports/setup reached the worker's flag, not AutoModel's handler: no step runs."""
+    out = run_recipe(Recipe("automodel", "t.FakeRecipe", FakeRecipe), _job(tmp_path), tp.cast(tp.Any, ONE_RANK),
+                     should_stop=lambda: True)
+    [fake] = FakeRecipe.instances
+    assert not fake.ran and out["stopped_early"] is True and out["step"] == 0
+    assert fake.step_scheduler.sig_handler.released

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.automodel_assets import (CPU_STANDIN, SQUAD_YAML, cpu_overrides, rank_env, squad_dir,  # noqa: F401
-                                    tiny_llama_dir)
+from tests.automodel_assets import CPU_STANDIN, SQUAD_YAML, cpu_overrides, rank_env
 
+pytest_plugins = ["tests.automodel_assets"]  # the tiny_llama_dir and squad_dir fixtures
 pytestmark = [pytest.mark.automodel, pytest.mark.slow]
 pytest.importorskip("nemo_automodel")
 

@@ -16,9 +16,8 @@ Names are resolved as NeMo AutoModel's CLI resolves its YAML's ``recipe:`` (``ne
 string, or a mapping's ``_target_``; a name without a dot is looked up with AutoModel's public
 ``nemo_automodel.cli.utils.resolve_recipe_name`` (a scan of ``nemo_automodel/recipes/**.py`` for classes whose name
 contains ``Recipe``); a dotted name is imported as ``module.attr`` (``rsplit(".", 1)``, as AutoModel's
-``resolve_recipe_cls`` does). ``module:attr`` (the entry-point form) is ours, for functions. AutoModel's config
-loader allowlists the modules a ``_target_`` may import; recipe names are imported without one, as in AutoModel's
-CLI: the job's author chose the code.
+``resolve_recipe_cls`` does). ``module:attr`` (the entry-point form) is ours, for functions. Like AutoModel's CLI,
+a recipe name is imported as given: the job's author chose the code.
 
 The user function contract (:class:`RecipeFunction`)::
 

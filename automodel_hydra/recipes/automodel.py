@@ -10,8 +10,8 @@ with three differences, all documented in docs/recipes.md:
 
 * **The config object.** The recipe sections (everything but the launcher's, :data:`..automodel_files.LAUNCHER_SECTIONS`)
   are handed *unresolved* to AutoModel's loader (``ConfigNode``), so ``${VAR}`` / ``${VAR,default}`` /
-  ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment) and ``_target_`` keeps its
-  allowlist. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it (a small own equivalent:
+  ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment) and ``_target_`` its import
+  rules. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it (a small own equivalent:
   its function is private).
 * **The process group.** The worker initialises it before the recipe (:func:`automodel_hydra.bootstrap.init_distributed`:
   nccl with CUDA, gloo without, a per-attempt store under torchrun restarts, 600 s timeout); AutoModel's
