@@ -51,7 +51,7 @@ class ModelNotFetchableError(ValueError):
 def split_sections(cfg: Mapping[str, tp.Any]) -> tuple[dict[str, tp.Any], dict[str, tp.Any]]:
     """``(launcher_sections, recipe_sections)`` of a top-level config mapping (a dict or an OmegaConf DictConfig,
     taken without resolving interpolations, so ``${VAR}`` stays for AutoModel's loader). Both keep the input's key
-    order; the values are the input's own (not copies)."""
+    order; a dict's values are its own objects (not copies), a DictConfig's become plain containers."""
     items = _items(cfg)
     launcher = {k: v for k, v in items if k in LAUNCHER_SECTIONS}
     recipe = {k: v for k, v in items if k not in LAUNCHER_SECTIONS}

@@ -3,7 +3,9 @@ config (stop signals, ``${VAR}`` meaning). The slow tests run a user function on
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -299,10 +301,19 @@ class FakeRecipe:
         FakeRecipe.instances.append(self)
 
     def setup(self) -> None:
-        pass
+        """What AutoModel's setup_logging() does to the process's logging."""
+        root = logging.getLogger()
+        root.setLevel(logging.DEBUG)
+        for h in root.handlers:
+            h.setFormatter(logging.Formatter("\x1b[32m%(message)s"))
+            h.addFilter(lambda record: False)
+        logging.getLogger("automodel_hydra.worker").addFilter(lambda record: False)
+        logging.disable(logging.CRITICAL)
 
     def run_train_validation_loop(self) -> None:
         self.ran = True
+        if self.cfg["step_scheduler"].get("fail"):
+            raise RuntimeError("rank failed")
         sched = self.step_scheduler
         sched.step = self.cfg["step_scheduler"].get("stop_at") or self.cfg["step_scheduler"]["max_steps"]
         sched.sigterm_flag = bool(self.cfg["step_scheduler"].get("stop_at"))
@@ -318,6 +329,7 @@ def fake_automodel(monkeypatch: pytest.MonkeyPatch) -> tp.Iterator[None]:
     from automodel_hydra.recipes import automodel
 
     monkeypatch.setattr(automodel, "build_config", lambda sections: with_stop_signals(dict(sections)))
+    logging.getLogger("automodel_hydra.worker")  # exists before the recipe runs, as in the worker
     FakeRecipe.instances.clear()
     yield
 
@@ -336,6 +348,23 @@ def test_adapter_runs_setup_then_loop_and_reads_final_metrics(fake_automodel: No
     assert fake.step_scheduler.sig_handler.released  # the worker's own handlers are back
     other_rank = SimpleNamespace(rank=1, local_rank=1, world_size=1, device="cpu")
     assert "loss" not in run_recipe(recipe, _job(tmp_path), tp.cast(tp.Any, other_rank))  # rank 0 reports
+
+
+def test_adapter_gives_the_worker_its_logging_back(fake_automodel: None, tmp_path: Path) -> None:
+    root, worker_log = logging.getLogger(), logging.getLogger("automodel_hydra.worker")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[rank1] %(message)s"))
+    root.addHandler(handler)
+    try:
+        level = root.level
+        for job in (_job(tmp_path), _job(tmp_path, fail=True)):
+            with contextlib.suppress(RuntimeError):
+                run_recipe(Recipe("automodel", "t.FakeRecipe", FakeRecipe), job, tp.cast(tp.Any, ONE_RANK))
+            assert logging.root.manager.disable == logging.NOTSET and root.level == level
+            assert handler.formatter is not None and handler.formatter._fmt == "[rank1] %(message)s"
+            assert handler.filters == [] and worker_log.filters == []
+    finally:
+        root.removeHandler(handler)
 
 
 def test_adapter_reports_automodel_stop(fake_automodel: None, tmp_path: Path) -> None:

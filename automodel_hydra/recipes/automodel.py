@@ -27,6 +27,7 @@ with three differences, all documented in docs/recipes.md:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -100,18 +101,47 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
     Raises whatever the recipe raises."""
     node = build_config(recipe_sections(cfg))
     _log_superseded_dist_env(node, dist)
-    recipe = recipe_cls(node)
-    recipe.setup()
-    sched = recipe.step_scheduler
-    if _any_rank(bool(should_stop()), dist):
-        log.warning("stop requested before training started: no step run, nothing new to checkpoint")
-        _release_signal_handler(sched)
-        return _result(recipe, dist, stopped=True)
+    with _keep_logging():
+        recipe = recipe_cls(node)
+        recipe.setup()
+        sched = recipe.step_scheduler
+        try:
+            if _any_rank(bool(should_stop()), dist):
+                log.warning("stop requested before training started: no step run, nothing new to checkpoint")
+                return _result(recipe, dist, stopped=True)
+            recipe.run_train_validation_loop()
+        finally:
+            _release_signal_handler(sched)  # the worker's own handlers come back
+        return _result(recipe, dist, stopped=bool(sched.sigterm_flag))
+
+
+@contextlib.contextmanager
+def _keep_logging() -> tp.Iterator[None]:
+    """Give the worker its logging back after the recipe, also when it raises.
+
+    AutoModel's ``setup()`` calls its ``setup_logging()``: it sets the root level, replaces the formatter of every
+    root handler (ANSI colours, also in a job log file), and adds a ``RankFilter`` to every handler and logger that
+    calls ``logging.disable(CRITICAL)`` on any rank but 0, so a failing rank 1 could no longer log its traceback.
+    This restores the root level, the global disable level, the root handlers' formatters and filters, and the
+    filters of loggers that existed before; loggers AutoModel created keep their settings."""
+    root = logging.getLogger()
+    manager = logging.Logger.manager
+    disabled, level, root_filters = manager.disable, root.level, list(root.filters)
+    handlers = [(h, h.formatter, list(h.filters)) for h in root.handlers]
+    loggers = {name: list(lg.filters) for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
     try:
-        recipe.run_train_validation_loop()
+        yield
     finally:
-        _release_signal_handler(sched)  # the worker's own handlers come back
-    return _result(recipe, dist, stopped=bool(sched.sigterm_flag))
+        logging.disable(disabled)
+        root.setLevel(level)
+        for h, formatter, filters in handlers:
+            h.setFormatter(formatter)
+            h.filters = filters
+        root.filters = root_filters
+        for name, filters in loggers.items():
+            lg = manager.loggerDict.get(name)
+            if isinstance(lg, logging.Logger):
+                lg.filters = filters
 
 
 def _result(recipe: tp.Any, dist: Distributed, stopped: bool) -> dict[str, tp.Any]:
