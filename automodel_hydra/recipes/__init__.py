@@ -119,9 +119,7 @@ def resolve(spec: tp.Any) -> Recipe:
         return Recipe("automodel", target, obj)
     if not callable(obj):
         raise RecipeError(f"recipe={target!r} is a {type(obj).__name__}, not a class or function; valid: {_VALID}")
-    from automodel_hydra.recipes import llm_finetune
-
-    if obj is llm_finetune.train:
+    if f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}" == BUNDLED:  # named explicitly
         return Recipe("bundled", BUNDLED, obj)
     _check_signature(target, obj)
     return Recipe("callable", target, obj)
