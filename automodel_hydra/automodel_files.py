@@ -1,0 +1,207 @@
+"""Plan-time helpers for NeMo AutoModel YAML files, run on the submitting host before any rank starts.
+
+An AutoModel fine-tuning YAML mixes two kinds of top-level sections: the launcher's (``slurm``, ``skypilot``,
+``nemo_run``, ours: ``interactive``, ``launcher``, ``profile``, ``hydra``, ``dry_run``), which this product reads,
+and the recipe's (``recipe``, ``model``, ``dataset``, ``step_scheduler``, ``checkpoint`` ...), which only the
+recipe reads, on the ranks, with AutoModel's own loader.
+
+* :func:`split_sections` separates them (AutoModel's CLI likewise pops ``skypilot`` / ``nemo_run`` before the
+  recipe sees its config, ``nemo_automodel/cli/app.py``).
+* :func:`validate_recipe_sections` loads the recipe sections with AutoModel's loader
+  (``nemo_automodel.components.config.loader.ConfigNode``) when ``nemo_automodel`` is installed, so a bad
+  ``_target_`` or an unset ``${VAR}`` fails here, naming the key; without AutoModel it does nothing.
+* :func:`model_names` and :func:`check_model_fetchable`: a model that cannot be fetched fails here, with one line
+  naming the model and the reason, instead of on every rank minutes later.
+
+Nothing here imports torch; ``huggingface_hub`` and ``nemo_automodel`` are imported only when used.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as tp
+from collections.abc import Mapping
+from pathlib import Path
+
+#: Top-level sections that belong to the launcher, never to an AutoModel recipe.
+LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "launcher", "profile", "hydra",
+                               "dry_run"})
+
+#: The key AutoModel's model builders (``NeMoAutoModelFor*.from_pretrained``, ``NeMoAutoTokenizer``, the KD
+#: teacher) take a Hub id or local dir under.
+MODEL_KEY = "pretrained_model_name_or_path"
+
+
+class RecipeSectionError(ValueError):
+    """A recipe section AutoModel's loader refuses. ``key`` is the dotted key, the message one line."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+class ModelNotFetchableError(ValueError):
+    """A model that no rank could load. ``model`` is the name as given, the message one line with the reason."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(f"model {model!r} cannot be fetched: {reason}")
+        self.model = model
+
+
+def split_sections(cfg: Mapping[str, tp.Any]) -> tuple[dict[str, tp.Any], dict[str, tp.Any]]:
+    """``(launcher_sections, recipe_sections)`` of a top-level config mapping (a dict or an OmegaConf DictConfig,
+    taken without resolving interpolations, so ``${VAR}`` stays for AutoModel's loader). Both keep the input's key
+    order; a dict's values are its own objects (not copies), a DictConfig's become plain containers."""
+    items = _items(cfg)
+    launcher = {k: v for k, v in items if k in LAUNCHER_SECTIONS}
+    recipe = {k: v for k, v in items if k not in LAUNCHER_SECTIONS}
+    return launcher, recipe
+
+
+def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_unset_env: bool = False) -> None:
+    """Load every value of ``recipe_sections`` with AutoModel's loader, as a rank will; a no-op when
+    ``nemo_automodel`` is not installed.
+
+    Each leaf goes through ``ConfigNode`` on its own, so the error names its key: ``_target_`` and ``*_fn`` values
+    are imported (AutoModel 0.7.0 imports any module found on ``sys.path`` and refuses private or dunder attributes
+    unless ``NEMO_ENABLE_USER_MODULES=1``; ``path/file.py:attr`` targets load that file), ``${VAR}`` / ``${VAR,default}`` /
+    ``${oc.env:VAR}`` / ``$VAR`` are expanded from this process's environment. ``allow_unset_env=True`` accepts a
+    variable that is unset here (one that only the compute nodes set).
+
+    Raises RecipeSectionError naming the dotted key and AutoModel's reason."""
+    try:
+        from nemo_automodel.components.config.loader import ConfigNode
+    except ImportError:
+        return
+
+    def check(key: str, name: str, value: tp.Any) -> None:
+        if isinstance(value, Mapping) or isinstance(value, list) and any(
+                isinstance(v, (Mapping, list)) for v in value):
+            for k, v in (_items(value) if isinstance(value, Mapping) else enumerate(value)):
+                check(f"{key}.{k}", str(k), v)
+            return
+        try:
+            ConfigNode({name: value})
+        except KeyError as e:  # the loader's "Environment variable 'X' is not set (required by '${X}')."
+            if allow_unset_env and "Environment variable" in str(e):
+                return
+            raise RecipeSectionError(key, _one_line(e.args[0] if e.args else e)) from None
+        except Exception as e:  # noqa: BLE001 - ImportError, AssertionError (file targets), whatever a module raises
+            raise RecipeSectionError(key, f"{type(e).__name__}: {_one_line(e)}") from None
+
+    for k, v in _items(recipe_sections):
+        check(str(k), str(k), v)
+
+
+def model_names(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, str]]:
+    """Every ``pretrained_model_name_or_path`` in the recipe sections, as ``(dotted key, value)``, in order.
+    A value with ``$`` is expanded with AutoModel's ``resolve_yaml_env_vars`` when AutoModel is installed and every
+    variable is set, and left out otherwise (it names no model until a rank expands it)."""
+    found: list[tuple[str, str]] = []
+
+    def walk(key: str, value: tp.Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in _items(value):
+                sub = f"{key}.{k}" if key else str(k)
+                if k == MODEL_KEY and isinstance(v, str):
+                    name = _expand(v)
+                    if name is not None:
+                        found.append((sub, name))
+                else:
+                    walk(sub, v)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(f"{key}.{i}", v)
+
+    walk("", recipe_sections)
+    return found
+
+
+def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool | None = None,
+                          cache_dir: str | os.PathLike[str] | None = None, revision: str | None = None,
+                          token: bool | str | None = None) -> None:
+    """Fail now if ``from_pretrained(name_or_path)`` could not get the model on a rank.
+
+    * An existing directory must hold ``config.json`` (what ``from_pretrained`` reads first).
+    * A path (absolute, ``./``, ``../``, ``~``, or more than one ``/``) that does not exist: "local dir missing".
+    * A Hub repo id (validated with huggingface_hub's ``validate_repo_id``):
+
+      - offline (``offline=True``, or when None, ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` set truthy in the
+        environment now, huggingface_hub's own rule): its ``config.json`` must be in the cache
+        (``try_to_load_from_cache``; ``cache_dir`` defaults to huggingface_hub's ``HF_HUB_CACHE``);
+      - online: ``auth_check`` (a metadata request; no download) must pass: gated without access or not found
+        fails; an unreachable Hub falls back to the cache check.
+
+    Raises ModelNotFetchableError (one line: the model and the reason). Returns None when fetchable."""
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFetchableError(name, f"local dir {path} has no config.json (not a saved model)")
+        return
+    if path.exists():
+        raise ModelNotFetchableError(name, f"{path} is a file, not a model directory or a Hub repo id")
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name:
+        raise ModelNotFetchableError(name, f"local dir missing: {path} does not exist")
+    import huggingface_hub
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except ValueError as e:  # HFValidationError
+        raise ModelNotFetchableError(name, f"not an existing local dir nor a valid Hub repo id ({_one_line(e)})")
+    if offline is None:
+        offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if not offline:
+        from huggingface_hub import errors
+
+        try:
+            huggingface_hub.auth_check(name, token=token)
+            return
+        except errors.GatedRepoError:
+            raise ModelNotFetchableError(name, "gated repo and this token has no access (accept its license on "
+                                         "the Hub and set HF_TOKEN)") from None
+        except errors.RepositoryNotFoundError:
+            raise ModelNotFetchableError(name, "not found on the Hugging Face Hub (or private: set HF_TOKEN)") \
+                from None
+        except Exception as e:  # noqa: BLE001 - no network, proxy, server error: the cache may still have it
+            reason = f"Hub unreachable ({type(e).__name__}: {_one_line(e)[:160]})"
+    else:
+        reason = "offline (HF_HUB_OFFLINE=1)"
+    cached = huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision,
+                                                    cache_dir=None if cache_dir is None else os.fspath(cache_dir))
+    if not isinstance(cached, str):
+        where = cache_dir if cache_dir is not None else huggingface_hub.constants.HF_HUB_CACHE
+        raise ModelNotFetchableError(name, f"{reason} and not in the Hugging Face cache {where}")
+
+
+def _expand(value: str) -> str | None:
+    if "$" not in value:
+        return value
+    try:
+        from nemo_automodel.components.config.loader import resolve_yaml_env_vars
+    except ImportError:
+        return None
+    try:
+        return str(resolve_yaml_env_vars(value))
+    except KeyError:
+        return None
+
+
+def _items(cfg: Mapping[str, tp.Any] | tp.Any) -> list[tuple[tp.Any, tp.Any]]:
+    """Key/value pairs of a dict or DictConfig, values unresolved (OmegaConf would read ``${VAR}`` as its own
+    interpolation and fail)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return list(cfg.items())
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"expected a mapping of config sections, got {type(cfg).__name__}")
+    return list(cfg.items())
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())

@@ -1,0 +1,208 @@
+"""Run a NeMo AutoModel recipe class inside a rank that automodel-hydra's bootstrap placed.
+
+:func:`run` does what AutoModel's CLI does in a torchrun worker (``nemo_automodel/cli/app.py`` and
+``components/launcher/interactive.py``)::
+
+    cfg = <AutoModel's ConfigNode of the recipe sections>
+    r = cls(cfg); r.setup(); r.run_train_validation_loop()
+
+with three differences, all documented in docs/recipes.md:
+
+* **The config object.** The recipe sections (everything but the launcher's, :data:`..automodel_files.LAUNCHER_SECTIONS`)
+  are handed *unresolved* to AutoModel's loader (``ConfigNode``), so ``${VAR}`` / ``${VAR,default}`` /
+  ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment) and ``_target_`` its import
+  rules. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it (a small own equivalent:
+  its function is private).
+* **The process group.** The worker initialises it before the recipe (:func:`automodel_hydra.bootstrap.init_distributed`:
+  nccl with CUDA, gloo without, a per-attempt store under torchrun restarts, 600 s timeout); AutoModel's
+  ``initialize_distributed`` finds it initialised and reuses it (it prints "torch distributed is already
+  initialized, skipping initialization."). The YAML's ``dist_env.backend`` and ``dist_env.timeout_minutes`` are
+  then not used; :func:`run` logs so when they differ from the group's.
+* **Stop signals.** AutoModel's ``StepScheduler`` installs its own handler for ``step_scheduler.preemption_signal``
+  (default ``SIGTERM`` only): on the signal, all ranks agree (all_gather) at the next step, save a checkpoint of
+  that step (without validation), leave the loop and return normally. :func:`run` adds ``SIGUSR2`` (Slurm's
+  time-limit warning) to that list unless the YAML sets the key to null, checks once after ``setup()`` whether a
+  signal came earlier (then no step runs), and reports ``stopped_early`` from ``step_scheduler.sigterm_flag``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import typing as tp
+from collections.abc import Mapping
+from pathlib import Path
+
+from automodel_hydra.automodel_files import split_sections
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.bootstrap import Distributed
+
+log = logging.getLogger(__name__)
+
+#: Signals that stop an AutoModel recipe with a checkpoint (added to ``step_scheduler.preemption_signal``).
+STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
+
+
+def recipe_sections(cfg: Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+    """The recipe sections of a job config (dict or DictConfig) as a plain, unresolved, deep-copied dict."""
+    return copy.deepcopy(split_sections(cfg)[1])
+
+
+def with_stop_signals(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
+    """``sections`` with :data:`STOP_SIGNALS` added to ``step_scheduler.preemption_signal`` (a copy; the input is
+    not changed). Absent key: AutoModel's default ``SIGTERM`` plus ``SIGUSR2``. An explicit null stays null
+    (AutoModel then installs no handler, and neither signal checkpoints). Names are AutoModel's forms: a number, a
+    name such as ``"SIGTERM"``, or a list of them."""
+    out = copy.deepcopy(sections)
+    sched = out.setdefault("step_scheduler", {})
+    if not isinstance(sched, dict):
+        return out
+    if "preemption_signal" in sched and sched["preemption_signal"] is None:
+        return out
+    given = sched.get("preemption_signal", "SIGTERM")
+    listed = list(given) if isinstance(given, (list, tuple)) else [given]
+    have = {_signal_name(s) for s in listed}
+    sched["preemption_signal"] = listed + [s for s in STOP_SIGNALS if s not in have]
+    return out
+
+
+def build_config(sections: Mapping[str, tp.Any]) -> tp.Any:
+    """AutoModel's config object (``ConfigNode``) for the recipe sections, as its CLI builds it: loaded by
+    ``ConfigNode`` (``_target_`` imported, ``${VAR}`` expanded from this process's environment), then the
+    ``wandb.enable`` switch applied; :func:`with_stop_signals` first.
+
+    Raises what AutoModel's loader raises (ImportError for a ``_target_``, KeyError for an unset variable)."""
+    from nemo_automodel.components.config.loader import ConfigNode
+
+    node = ConfigNode(with_stop_signals(dict(sections)))
+    wandb = node.get("wandb", None)
+    if isinstance(wandb, ConfigNode):  # AutoModel CLI: a wandb block is on unless enable: false; the flag is dropped
+        enabled = bool(wandb.get("enable", True))
+        wandb.__dict__.pop("enable", None)
+        if not enabled:
+            node.__dict__.pop("wandb", None)
+    return node
+
+
+def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
+        should_stop: tp.Callable[[], bool] = lambda: False) -> dict[str, tp.Any]:
+    """Run AutoModel recipe class ``recipe_cls`` on this rank with the recipe sections of ``cfg``.
+
+    ``cfg`` is the job config (dict or DictConfig; launcher sections are dropped, interpolations must still be
+    unresolved). ``should_stop`` is the worker's stop flag: a signal that reached it before AutoModel installed its
+    own handler (during imports and ``setup()``) stops the job right after ``setup()``, on every rank alike.
+
+    Returns ``{"step", "epoch", "stopped_early", "world_size"}`` plus, on rank 0, ``"loss"`` and ``"val_loss"``
+    (the last rows of AutoModel's ``training.jsonl`` / ``validation.jsonl`` in its checkpoint dir) when present.
+
+    Raises whatever the recipe raises."""
+    node = build_config(recipe_sections(cfg))
+    _log_superseded_dist_env(node, dist)
+    with _keep_logging():
+        recipe = recipe_cls(node)
+        recipe.setup()
+        sched = recipe.step_scheduler
+        try:
+            if _any_rank(bool(should_stop()), dist):
+                log.warning("stop requested before training started: no step run, nothing new to checkpoint")
+                return _result(recipe, dist, stopped=True)
+            recipe.run_train_validation_loop()
+        finally:
+            _release_signal_handler(sched)  # the worker's own handlers come back
+        return _result(recipe, dist, stopped=bool(sched.sigterm_flag))
+
+
+@contextlib.contextmanager
+def _keep_logging() -> tp.Iterator[None]:
+    """Give the worker its logging back after the recipe, also when it raises.
+
+    AutoModel's ``setup()`` calls its ``setup_logging()``: it sets the root level, replaces the formatter of every
+    root handler (ANSI colours, also in a job log file), and adds a ``RankFilter`` to every handler and logger that
+    calls ``logging.disable(CRITICAL)`` on any rank but 0, so a failing rank 1 could no longer log its traceback.
+    This restores the root level, the global disable level, the root handlers' formatters and filters, and the
+    filters of loggers that existed before; loggers AutoModel created keep their settings."""
+    root = logging.getLogger()
+    manager = logging.Logger.manager
+    disabled, level, root_filters = manager.disable, root.level, list(root.filters)
+    handlers = [(h, h.formatter, list(h.filters)) for h in root.handlers]
+    loggers = {name: list(lg.filters) for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    try:
+        yield
+    finally:
+        logging.disable(disabled)
+        root.setLevel(level)
+        for h, formatter, filters in handlers:
+            h.setFormatter(formatter)
+            h.filters = filters
+        root.filters = root_filters
+        for name, filters in loggers.items():
+            lg = manager.loggerDict.get(name)
+            if isinstance(lg, logging.Logger):
+                lg.filters = filters
+
+
+def _result(recipe: tp.Any, dist: Distributed, stopped: bool) -> dict[str, tp.Any]:
+    sched = recipe.step_scheduler
+    out: dict[str, tp.Any] = {"step": int(sched.step), "epoch": int(sched.epoch), "stopped_early": stopped,
+                              "world_size": dist.world_size}
+    if dist.rank == 0:
+        ckpt_dir = Path(str(recipe.checkpointer.config.checkpoint_dir))
+        for key, file, field in (("loss", "training.jsonl", "loss"), ("val_loss", "validation.jsonl", "val_loss")):
+            row = _last_row(ckpt_dir / file)
+            if row and field in row:
+                out[key] = row[field]
+    return out
+
+
+def _last_row(path: Path) -> dict[str, tp.Any] | None:
+    if not path.is_file():
+        return None
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+
+
+def _any_rank(flag: bool, dist: Distributed) -> bool:
+    """True on every rank when ``flag`` is true on any (one ``all_reduce``; local without a process group)."""
+    import torch
+    import torch.distributed as td
+
+    if not (td.is_available() and td.is_initialized()) or td.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)], device=dist.device)
+    td.all_reduce(t, op=td.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _release_signal_handler(sched: tp.Any) -> None:
+    handler = getattr(sched, "sig_handler", None)
+    if handler is not None:
+        handler.release()  # AutoModel's DistributedSignalHandler: restores the handlers it replaced
+
+
+def _log_superseded_dist_env(node: tp.Any, dist: Distributed) -> None:
+    import torch.distributed as td
+
+    if not (td.is_available() and td.is_initialized()) or dist.rank != 0:
+        return
+    dist_env = node.get("dist_env", None)
+    wanted = dist_env.get("backend", None) if dist_env is not None else None
+    actual = td.get_backend()
+    if wanted is not None and str(wanted) != str(actual):
+        log.info("process group already initialised by automodel-hydra with backend %s; the YAML's "
+                 "dist_env.backend=%s and dist_env.timeout_minutes are not used", actual, wanted)
+
+
+def _signal_name(sig: tp.Any) -> str:
+    import signal
+
+    try:
+        return signal.Signals(int(sig)).name
+    except (TypeError, ValueError):
+        name = str(sig).upper()
+        return name if name.startswith("SIG") else f"SIG{name}"
