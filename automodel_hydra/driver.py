@@ -123,6 +123,9 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
     impls = {name: backends.get(name) for name in by_backend}
+    checked: set[str] = set()
+    for p in jobs:
+        check_recipe(p.cfg, checked)
     plans: dict[int, Plan[tp.Any]] = {}
     for name, idx in by_backend.items():
         impl = impls[name]
@@ -210,6 +213,32 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
     return "; ".join(parts) or f"stopped waiting (state: automodel-hydra status {where})"
 
 
+def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
+    """What the ranks will run, checked here before anything starts (each distinct recipe and model once, ``seen``
+    holds what was checked): the recipe resolves (an AutoModel recipe class, a function that takes ``(cfg, dist,
+    should_stop)``); AutoModel's own loader accepts the recipe's sections (when AutoModel is installed here); every
+    model the ranks load can be fetched where they run, when that is this machine's filesystem (local runs and
+    bare-metal Slurm; SkyPilot nodes and containers fetch on their own). Raises ValueError with one line."""
+    from automodel_hydra import automodel_files, recipes
+
+    here = cfg.skypilot is None and (cfg.slurm is None or cfg.slurm.container_image is None)
+    if not cfg.bundled:
+        target = recipes.recipe_target(cfg.recipe)
+        if target is not None and target not in seen:
+            seen.add(target)
+            recipe = recipes.resolve(cfg.recipe)
+            if recipe.kind == "automodel":
+                automodel_files.validate_recipe_sections(automodel_files.split_sections(cfg.recipe_sections)[1],
+                                                         allow_unset_env=not here)
+        models = [name for _, name in automodel_files.model_names(cfg.recipe_sections)]
+    else:
+        models = [cfg.model.name_or_path] if cfg.model.name_or_path else []
+    for name in models:
+        if here and name not in seen and "${" not in name:
+            seen.add(name)
+            automodel_files.check_model_fetchable(name)
+
+
 def _announce(sub: Submission[tp.Any]) -> None:
     """Print where a submitted job is, and put the same line at the top of that job's own log."""
     if not sub.ids:
@@ -292,8 +321,8 @@ def run(cfg: DictConfig) -> tp.Any:
     except Stopped as e:
         print(f"stopped: {e}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    except (ConfigError, PreflightError, OmegaConfBaseException, ValueError) as e:
-        fail(str(e).splitlines()[0] if isinstance(e, ConfigError) else str(e))
+    except USER_ERRORS as e:
+        fail(one_line(e))
     except (JobFailedError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -302,6 +331,21 @@ def run(cfg: DictConfig) -> tp.Any:
     except JobFailedError as e:  # the job's own output above says the rest
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+
+
+#: Mistakes the user can fix before anything starts: reported as one line (exit status 2), never a traceback.
+USER_ERRORS = (ConfigError, PreflightError, OmegaConfBaseException, ValueError)
+
+
+def one_line(error: BaseException) -> str:
+    """An error as the one line a user reads: a ConfigError's own line; OmegaConf's first line plus the full key
+    it names; anything else as it prints."""
+    if isinstance(error, OmegaConfBaseException):
+        key = getattr(error, "full_key", None)
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"{first} (key: {key})" if key and str(key) not in first else first
+    text = str(error)
+    return text.splitlines()[0] if isinstance(error, ConfigError) else text
 
 
 def fail(message: str) -> tp.NoReturn:

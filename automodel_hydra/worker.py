@@ -205,9 +205,8 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     stop = stop or StopFlag().install()
     from omegaconf import DictConfig, OmegaConf
 
-    from automodel_hydra import config
+    from automodel_hydra import config, recipes
     from automodel_hydra.bootstrap import DistEnv, init_distributed
-    from automodel_hydra.recipes import llm_finetune
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: stop with the agent
         stop_when_parent_dies()
@@ -221,8 +220,9 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         cfg = config.load_rank(raw)
         with init_distributed(env, timeout_minutes=cfg.dist_env.timeout_minutes) as dist_env:
             log.info("%r on %s", env, dist_env.device)
-            # the recipe reads rank, world_size and device, which Distributed has; its annotation names DistEnv
-            result = llm_finetune.train(cfg, dist_env, should_stop=stop)  # type: ignore[arg-type]
+            recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
+            result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
+                                        should_stop=stop)
             if result.get("stopped_early"):
                 in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals

@@ -130,7 +130,7 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
     """Run ``recipe`` on this rank; the process group is initialised (the worker's ``init_distributed``).
 
     ``cfg`` is the job's config as the rank has it (``launch/job.yaml`` as a DictConfig, or a dict): the bundled
-    recipe gets it validated (``config.load``, unless it is a ``TrainConfig`` already), an AutoModel recipe gets its
+    recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe gets its
     recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig.
 
     Returns the final metrics as a dict that always has ``stopped_early``.
@@ -140,7 +140,7 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
     if recipe.kind == "bundled":
         from automodel_hydra import config
 
-        train_cfg = cfg if isinstance(cfg, config.TrainConfig) else config.load(cfg)
+        train_cfg = cfg if isinstance(cfg, config.TrainConfig) else config.load_rank(cfg)
         return dict(recipe.obj(train_cfg, dist, should_stop=should_stop))
     if recipe.kind == "automodel":
         from automodel_hydra.recipes import automodel

@@ -87,14 +87,16 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         configs.append(sweep_config)
         Singleton.set_state(state)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # launch lines go to the console, not a job log
-    for ret in returns:
-        if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
-            ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
     try:
+        for ret in returns:
+            if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
+                ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
         outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
         raise SystemExit(130) from None
+    except driver.USER_ERRORS as e:  # the same one line as a single run's, for every job's bad value
+        driver.fail(driver.one_line(e))
     for ret, sweep_config, outcome in zip(returns, configs, outcomes):
         try:
             ret.return_value = outcome.value()
