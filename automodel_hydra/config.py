@@ -261,23 +261,38 @@ def _normalise_aliases(data: dict[str, tp.Any]) -> None:
 _DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig()}
 
 
+#: Each launcher section's fields that hold shell text (``$VAR``, ``${VAR}``, ``${VAR:-default}``): taken raw, so
+#: OmegaConf never reads them as its own interpolations; the backend gives them their shell meaning. A section's
+#: schema may list more than ``env_vars`` in its ``SHELL_FIELDS``.
+SHELL_FIELDS = {name: getattr(schema, "SHELL_FIELDS", ("env_vars",))
+                for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
+
+
 def _raw_env_vars(cfg: DictConfig) -> dict[str, dict[str, tp.Any]]:
-    """Each launcher section's env_vars unresolved: ``"${HF_TOKEN}"`` stays a reference, never a value."""
-    out = {}
+    """Each launcher section's shell fields (:data:`SHELL_FIELDS`) unresolved: ``"${HF_TOKEN}"`` stays a
+    reference, never a value."""
+    out: dict[str, dict[str, tp.Any]] = {}
     for section in LAUNCHER_SECTIONS:
         node = cfg.get(section) if section in cfg else None
-        if node is not None and node.get("env_vars") is not None:
-            raw = OmegaConf.to_container(node.env_vars, resolve=False)
-            assert isinstance(raw, dict)
-            out[section] = {str(k): v for k, v in raw.items()}
+        raw = OmegaConf.to_container(node, resolve=False) if node is not None else None
+        if isinstance(raw, dict):
+            out[section] = {key: raw[key] for key in SHELL_FIELDS[section] if raw.get(key) is not None}
     return out
+
+
+def _escaped(value: tp.Any) -> tp.Any:
+    """Shell text as OmegaConf's literal text (``\\${`` is OmegaConf's escape for ``${``); a dict per value."""
+    if isinstance(value, dict):
+        return {str(k): _escaped("" if v is None else str(v)) for k, v in value.items()}
+    return str(value).replace("${", "\\${")
 
 
 def load(cfg: DictConfig | dict[str, tp.Any]) -> TrainConfig:
     """Validate a composed config and return it as :class:`TrainConfig`.
 
-    ``env_vars`` are taken raw, so ``"${HF_TOKEN}"`` references are not resolved (OmegaConf would otherwise read
-    them as its own interpolations and fail); every other value is resolved (``${hydra:...}`` through Hydra's
+    Shell fields (:data:`SHELL_FIELDS`: ``env_vars``, SkyPilot's ``hf_token`` ...) are taken raw, so
+    ``"${HF_TOKEN}"`` references are not resolved (OmegaConf would otherwise read them as its own interpolations
+    and fail); every other value is resolved (``${hydra:...}`` through Hydra's
     global HydraConfig, set inside every Hydra job).
 
     Raises
@@ -293,8 +308,8 @@ def load(cfg: DictConfig | dict[str, tp.Any]) -> TrainConfig:
     container = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(container, dict)
     data = {str(k): v for k, v in container.items() if k != "hydra"}
-    for section, env in raw_env.items():
-        data[section]["env_vars"] = {k: str(v).replace("${", "\\${") if v is not None else "" for k, v in env.items()}
+    for section, fields in raw_env.items():
+        data[section].update({key: _escaped(value) for key, value in fields.items()})
     _normalise_aliases(data)
     merged = OmegaConf.merge(_schema(), data)  # merge copies: the cached schema is never modified
     obj = OmegaConf.to_object(merged)
