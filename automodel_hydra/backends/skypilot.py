@@ -128,7 +128,7 @@ class SkyPilotConfig:
     workdir: tp.Optional[str] = None
     # bucket holding the job's output dir and checkpoints, mounted at checkpoint_mount (MOUNT_CACHED): a bucket name
     # (created by SkyPilot when missing), a URI (s3://b, gs://b/prefix, ...), "auto" (a per-user bucket when the job
-    # needs one: use_spot or num_nodes > 1; else the node's disk) or null (node disk; not allowed with use_spot)
+    # needs one: use_spot, or num_nodes > 1 off kubernetes; else the node's disk) or null (node disk; not with spot)
     checkpoint_bucket: tp.Optional[str] = "auto"
     # store for a bucket given by name (s3, gcs, azure, r2, ...); null = the task's cloud
     checkpoint_store: tp.Optional[str] = None
