@@ -296,6 +296,13 @@ def _omegaconf_value(cfg: DictConfig, text: str) -> str:
         return str(probe["__automodel_probe__"])
 
 
+#: Launcher fields a backend gives their shell meaning itself, at launch (a schema's ``SHELL_FIELDS``: SkyPilot's
+#: ``hf_token`` must stay a reference, a secret, never a value in a file); every other field is expanded by
+#: :func:`load` from the submitting shell.
+SHELL_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SHELL_FIELDS", ("env_vars",)))
+                                            for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
+
+
 def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mapping[str, str]) -> None:
     """Shell references in the launcher sections (in place, on the raw data): ``env_vars`` keep theirs for the
     job (escaped from OmegaConf, their OmegaConf interpolations resolved here); every other field is expanded
@@ -305,9 +312,12 @@ def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mappi
         node = data.get(section)
         if not isinstance(node, dict):
             continue
+        kept = set(SHELL_FIELDS.get(section, ())) - {"env_vars"}
         for name, value in list(node.items()):
             key = f"{section}.{name}"
-            if name == "env_vars" and isinstance(value, dict):
+            if name in kept and value is not None:  # the backend expands it where it belongs (e.g. a secret)
+                node[name] = _escape(value if isinstance(value, (dict, list)) else str(value))
+            elif name == "env_vars" and isinstance(value, dict):
                 env = {}
                 for k, v in value.items():
                     parts = split("" if v is None else str(v), is_key)

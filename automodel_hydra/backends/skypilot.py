@@ -1,49 +1,49 @@
 """SkyPilot backend: one task per job; a managed job (``sky.jobs.launch``) when ``use_spot``, so preemptions are
-recovered, else ``sky.launch`` on a named cluster. Facts of SkyPilot 0.14.1 it relies on: docs/skypilot.md.
+recovered, else ``sky.launch`` on a named cluster that stops itself when idle. Every key of NeMo AutoModel's
+``skypilot:`` section works with AutoModel's meaning; docs/skypilot.md has the table of keys, AutoModel's defaults
+and ours, and the facts of SkyPilot 0.14.1 relied on.
 
-:func:`make_plan` is pure (no ``import sky``): ``launch/sky_task.yaml`` (the task) and ``launch/job.sky.yaml`` (the
-rank-side spec with node paths, mounted at ``~/automodel/<key>/launch/job.yaml``). :meth:`SkyPilot.check` runs
-:func:`validate` (SkyPilot's own schema and ``sky.Task`` construction) on every planned task, so a bad field fails
-before anything is written or launched.
+The contract's steps (:mod:`automodel_hydra.plan`):
+
+* :meth:`SkyPilot.preflight` reads what planning needs from this machine and keeps it as :class:`Facts`: the
+  per-user bucket name for ``checkpoint_bucket: auto`` (user and host name), which of ``HF_TOKEN`` /
+  ``WANDB_API_KEY`` are set (names only), and each ``job_dir`` as an absolute path.
+* :func:`make_plan` is pure (no ``import sky``, reads only its arguments): ``launch/sky_task.yaml`` (the task) and
+  ``launch/job.sky.yaml`` (the rank-side spec with node paths, mounted at ``~/automodel/<key>/launch/job.yaml``).
+* :meth:`SkyPilot.check` runs SkyPilot's own schema and ``sky.Task`` construction on every planned task and
+  expands every shell reference in this shell (an unset one fails, naming the field), before anything is written.
+* :meth:`SkyPilot.submit` first asks SkyPilot in this process whether the task's cloud has credentials (what
+  ``sky check`` asks), so a machine without them fails in seconds without starting SkyPilot's local API server;
+  a launch that fails after that server was started by this launch stops it again (``sky.api_stop``).
 
 Node paths hang off the run key (:func:`run_key`), which a managed job keeps across recoveries. With a bucket
-(required for spot) the output dir and checkpoints live in ``<checkpoint_mount>/<key>``, mounted ``MOUNT_CACHED``
-(SkyPilot's training guide: appends and renames work, uploads flushed at job end); a recovered job runs the same
-command on fresh nodes, finds ``checkpoints/latest`` there and resumes. Without: ``~/automodel/<key>`` per node.
-
-Secrets (``env_vars`` ``"${VAR}"``) are listed under ``secrets:`` by name only (null = supplied at launch, as
-``sky launch --secret NAME``); :meth:`SkyPilot.submit` puts the values from this shell into the in-memory ``sky.Task``. A
-failing ``setup`` fails the launch: SkyPilot raises ``Failed to setup with return code N``
-(``sky/backends/cloud_vm_ray_backend.py``) or marks a managed job ``FAILED_SETUP`` (``sky/jobs/controller.py``);
-run never starts. Setup runs under ``set -eo pipefail``, so every line counts, not only the last.
+(required for spot) the output dir and checkpoints live in ``<checkpoint_mount>/<key>``, mounted ``MOUNT_CACHED``;
+a recovered job runs the same command on fresh nodes, finds ``checkpoints/latest`` there and resumes. Without:
+``~/automodel/<key>`` on the node's disk. A failing ``setup`` line fails the launch (``set -eo pipefail``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import getpass
 import hashlib
-import io
 import json
 import logging
 import os
 import re
 import shlex
 import socket
-import time
 import typing as tp
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from dataclasses import dataclass, field
-
+from automodel_hydra.backends.skypilot_env import SECRET_FIELDS, EnvEntry, expand, parse, task_env
 from automodel_hydra.bootstrap import DEFAULT_PORT
-from automodel_hydra.envvars import parse_env_vars
-from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission
+from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix
 from automodel_hydra.schema import ConfigError, at_least, check_port, require
 from automodel_hydra.states import JobState, StateInfo
@@ -77,54 +77,75 @@ class SkyPilotPlanError(ValueError):
 # ----------------------------------------------------------------------------------------------- schema
 
 
-#: Clouds SkyPilot's launcher section accepts .
+#: Clouds AutoModel's SkyPilot launcher accepts (``nemo_automodel``'s ``SUPPORTED_CLOUDS``), case-insensitive.
 SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "kubernetes")
+#: Clouds whose clusters cannot be stopped, only torn down (SkyPilot: ``CloudImplementationFeatures.STOP``).
+CANNOT_STOP = ("kubernetes", "lambda")
 
 
 @dataclass
 class SkyPilotConfig:
-    """One SkyPilot task per job. Spot jobs run as SkyPilot managed jobs (preemptions recovered);
-    on-demand jobs run on a named cluster (``sky.launch``). See :mod:`automodel_hydra.backends.skypilot`."""
+    """One SkyPilot task per job, with NeMo AutoModel's ``skypilot:`` keys and defaults where they decide the
+    hardware or the bill. Spot jobs run as SkyPilot managed jobs (preemptions recovered); on-demand jobs run on a
+    named cluster (``sky.launch``) that stops itself when idle. docs/skypilot.md: every key, AutoModel's default
+    and ours, and why they differ."""
 
-    # aws | gcp | azure | lambda | kubernetes
-    cloud: str = "aws"
-    # NAME:COUNT, e.g. H100:8 or A100-80GB:4; null = CPU instances
-    accelerators: tp.Optional[str] = "H100:8"
+    #: Fields holding shell text, taken raw by ``config.load`` and given their shell meaning here.
+    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "hf_token", "wandb_key", "hf_home", "job_dir", "setup")
+
+    # aws | gcp | azure | lambda | kubernetes (any case); null = the cheapest cloud `sky check` enabled
+    cloud: tp.Optional[str] = None
+    # NAME:COUNT per node, e.g. H100:8 or A100-80GB:4; null = CPU instances
+    accelerators: tp.Optional[str] = "T4:1"
     # instances (nodes), >= 1
     num_nodes: int = 1
     # preemptible instances, run as a SkyPilot managed job so preemptions are recovered (needs checkpoint_bucket)
-    use_spot: bool = False
-    # disk per node in GB, > 0; null = SkyPilot's default
-    disk_size: tp.Optional[int] = None
-    # cloud region (kubernetes: the context); null = any
+    use_spot: bool = True
+    # disk per node in GB, >= 1; null = SkyPilot's default
+    disk_size: tp.Optional[int] = 100
+    # cloud region (kubernetes: the context), zone within it, instance type; null = SkyPilot chooses
     region: tp.Optional[str] = None
-    # shell run in the workdir before training on every node, under `set -euo pipefail`: a failing line fails the launch
-    setup: tp.Optional[str] = "python -m pip install -e ."
-    # variables for the job; "${VAR}" values travel as SkyPilot secrets, resolved from this shell at launch
+    zone: tp.Optional[str] = None
+    instance_type: tp.Optional[str] = None
+    # shell lines run on every node after this project's own install (`pip install -e`), under `set -eo pipefail`
+    setup: tp.Optional[str] = None
+    # variables for the job; shell references ($VAR, ${VAR}, ${VAR:-default}) are expanded from this shell at launch
     env_vars: tp.Dict[str, str] = field(default_factory=dict)
+    # HF_HOME on the nodes; null = not set
+    hf_home: tp.Optional[str] = "~/.cache/huggingface"
+    # HF_TOKEN / WANDB_API_KEY on the nodes, as SkyPilot secrets; null = this shell's $HF_TOKEN / $WANDB_API_KEY
+    # when set; "" = none; "${VAR}" = this shell's $VAR
+    hf_token: tp.Optional[str] = None
+    wandb_key: tp.Optional[str] = None
+    # a local dir that also gets the task files, under <job_dir>/<run name>/; null = only the run dir's launch/
+    job_dir: tp.Optional[str] = None
     # rendezvous port on the head node (each job has its own cluster)
     master_port: int = DEFAULT_PORT
-    # workers per node; null = the accelerator count (1 without accelerators)
+    # workers (ranks) per node; null = the accelerator count (1 without accelerators); gpus_per_node: AutoModel's name
     nproc_per_node: tp.Optional[int] = None
+    gpus_per_node: tp.Optional[int] = None
     # synced to every node as the working directory; null = this project's root
     workdir: tp.Optional[str] = None
     # bucket holding the job's output dir and checkpoints, mounted at checkpoint_mount (MOUNT_CACHED): a bucket name
     # (created by SkyPilot when missing), a URI (s3://b, gs://b/prefix, ...), "auto" (a per-user bucket when the job
-    # needs one: use_spot or num_nodes > 1; else the node's disk) or null (node disk; not allowed with use_spot)
+    # needs one: use_spot, or num_nodes > 1 off kubernetes; else the node's disk) or null (node disk; not with spot)
     checkpoint_bucket: tp.Optional[str] = "auto"
     # store for a bucket given by name (s3, gcs, azure, r2, ...); null = the task's cloud
     checkpoint_store: tp.Optional[str] = None
     # where the bucket is mounted on every node (absolute)
     checkpoint_mount: str = "/checkpoints"
-    # the run's name on the cloud: task / managed job name, bucket dir (a recovered or relaunched job with the same
-    # name resumes there) and default cluster name; null = <job name>-<hash of the output dir>; sweeps add -<num>
+    # the run's name on the cloud (task, managed job, default cluster name, bucket dir: a relaunch with the same name
+    # resumes there), made a valid SkyPilot name (my_run -> my-run); null = <job name>-<hash of the output dir>;
+    # sweeps add -<num>. job_name: AutoModel's name for it
     run_name: tp.Optional[str] = None
-    # on-demand only: cluster name (null = run_name) and its lifetime after the job
+    job_name: tp.Optional[str] = None
+    # on-demand only: cluster name (null = the run name)
     cluster_name: tp.Optional[str] = None
-    # on-demand only: stop the cluster after this many idle minutes (null = never)
-    idle_minutes_to_autostop: tp.Optional[int] = None
-    # on-demand only: tear the cluster down after the job (after idle_minutes_to_autostop when set)
-    down: bool = False
+    # on-demand only: stop the cluster after this many idle minutes; null = keep it up until `sky stop`/`sky down`
+    idle_minutes_to_autostop: tp.Optional[int] = 10
+    # on-demand only: tear the cluster down instead of stopping it; null = down when the outputs are in a bucket or
+    # the cloud cannot stop (kubernetes, lambda), else stop (the node disk keeps the outputs)
+    down: tp.Optional[bool] = None
     # managed (spot) jobs: also restart after this many user-code failures (preemptions are always recovered)
     max_restarts_on_errors: int = 0
     # wait for the job(s) and return their final state (single runs and sweeps); false = return right after launch
@@ -133,63 +154,117 @@ class SkyPilotConfig:
     max_requeues: tp.Optional[int] = None
 
     def __post_init__(self) -> None:
-        require(self.cloud in SKYPILOT_CLOUDS, "skypilot.cloud", self.cloud, f"one of {list(SKYPILOT_CLOUDS)}")
+        self.nproc_per_node = _alias("nproc_per_node", self.nproc_per_node, "gpus_per_node", self.gpus_per_node)
+        self.run_name = _alias("run_name", self.run_name, "job_name", self.job_name)
+        self.gpus_per_node = self.job_name = None  # normalised once: the canonical key holds the value
+        if self.cloud is not None:
+            require(self.cloud.lower() in SKYPILOT_CLOUDS, "skypilot.cloud", self.cloud,
+                    f"one of {list(SKYPILOT_CLOUDS)}, or null for the cheapest cloud `sky check` enabled")
+            self.cloud = self.cloud.lower()
         if self.accelerators is not None:
             ok = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(:[1-9][0-9]*)?", str(self.accelerators))
             require(bool(ok), "skypilot.accelerators", self.accelerators, "NAME or NAME:COUNT, e.g. 'H100:8'")
+        for key in ("region", "zone", "instance_type"):
+            value = getattr(self, key)
+            slash_ok = key == "region" and self.cloud == "kubernetes"  # a context name may hold '/'
+            require(value is None or bool(re.fullmatch(r"[^\s/]+" if not slash_ok else r"\S+", value)),
+                    f"skypilot.{key}", value, "a name without spaces or '/'")
+        require(self.zone is None or self.cloud != "kubernetes", "skypilot.zone", self.zone,
+                "null on kubernetes (skypilot.region names the context)")
         at_least("skypilot.num_nodes", self.num_nodes)
         at_least("skypilot.disk_size", self.disk_size)
         at_least("skypilot.nproc_per_node", self.nproc_per_node)
         at_least("skypilot.idle_minutes_to_autostop", self.idle_minutes_to_autostop, 0)
+        require(not (self.down is False and self.cloud in CANNOT_STOP and self.idle_minutes_to_autostop is not None),
+                "skypilot.down", self.down, f"true or null on {self.cloud}, which cannot stop a cluster (only tear it "
+                "down); skypilot.idle_minutes_to_autostop=null keeps it up")
         check_port("skypilot.master_port", self.master_port)
         require(self.max_restarts_on_errors >= 0, "skypilot.max_restarts_on_errors", self.max_restarts_on_errors,
-                 "must be >= 0")
+                "must be >= 0")
         require(self.max_requeues is None, "skypilot.max_requeues", self.max_requeues,
-                 "requeue is a Slurm feature; on SkyPilot use skypilot.use_spot=true (a managed job recovers "
-                 "preemptions) and skypilot.max_restarts_on_errors for failures")
+                "requeue is a Slurm feature; on SkyPilot use skypilot.use_spot=true (a managed job recovers "
+                "preemptions) and skypilot.max_restarts_on_errors for failures")
         bucket = self.checkpoint_bucket
         require(bucket is not None or not self.use_spot, "skypilot.checkpoint_bucket", bucket,
-                 "spot jobs need checkpoints on storage that outlives the instance: a bucket name, a URI "
-                 "(s3://..., gs://...) or 'auto' (skypilot.use_spot=true)")
+                "spot jobs need checkpoints on storage that outlives the instance: a bucket name, a URI "
+                "(s3://..., gs://...) or 'auto' (skypilot.use_spot=true)")
         if bucket is not None and bucket != "auto":
             ok = re.fullmatch(_BUCKET_NAME, bucket) or re.fullmatch(r"[a-z0-9]+://[^\s]+", bucket)
             require(bool(ok), "skypilot.checkpoint_bucket", bucket,
-                     "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
+                    "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
             require(self.checkpoint_store is None or "://" not in bucket, "skypilot.checkpoint_store",
-                     self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme is the store)")
+                    self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme is the store)")
         mount = self.checkpoint_mount
         require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
-                 "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
-        for key in ("run_name", "cluster_name"):
-            value = getattr(self, key)
-            require(value is None or bool(re.fullmatch(_SKY_NAME, value)), f"skypilot.{key}", value,
-                     "lowercase letters, digits and '-', starting with a letter, at most 40 characters")
+                "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
+        require(self.run_name is None or bool(sky_name(self.run_name)), "skypilot.run_name", self.run_name,
+                "a name with at least one letter or digit")
+        require(self.cluster_name is None or bool(re.fullmatch(_SKY_NAME, self.cluster_name)),
+                "skypilot.cluster_name", self.cluster_name,
+                "a SkyPilot cluster name: letters, digits, '-', '_', '.', starting with a letter")
 
     @property
-    def gpus_per_node(self) -> int:
+    def accelerator_count(self) -> int:
+        """Accelerators per node (``H100:8`` -> 8, ``T4`` -> 1, none -> 0)."""
         if not self.accelerators:
             return 0
         _, _, count = str(self.accelerators).partition(":")
         return int(count or 1)
 
+    @property
+    def nproc(self) -> int:
+        """torchrun workers per node: ``nproc_per_node``, else the accelerator count, else 1 (AutoModel's rule)."""
+        return self.nproc_per_node or self.accelerator_count or 1
 
-#: S3/GCS bucket names; SkyPilot cluster/job names as this launcher makes them (a subset of what SkyPilot accepts).
+
+def _alias(key: str, value: tp.Any, alias: str, alias_value: tp.Any) -> tp.Any:
+    """The value of ``skypilot.<key>``, given AutoModel's name for it; both set to different values is an error."""
+    if alias_value is None or alias_value == value:
+        return value
+    require(value is None, f"skypilot.{alias}", alias_value,
+            f"skypilot.{alias} is AutoModel's name for skypilot.{key}, which is set to {value!r}: set one of the two")
+    return alias_value
+
+
+#: S3/GCS bucket names; SkyPilot cluster names (``CLUSTER_NAME_VALID_REGEX`` of sky/skylet/constants.py).
 _BUCKET_NAME = r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]"
-_SKY_NAME = r"[a-z](?:[a-z0-9-]{0,38}[a-z0-9])?"
+_SKY_NAME = r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?"
 
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :meth:`SkyPilot.preflight` read on the submitting machine, so that planning reads nothing.
+
+    ``auto_bucket``: the bucket for ``checkpoint_bucket: auto`` (:func:`default_bucket`); ``set_vars``: which of
+    ``HF_TOKEN`` / ``WANDB_API_KEY`` are set in this shell (names only, never values); ``job_dirs``: each
+    ``skypilot.job_dir`` as written -> the absolute dir it means here; ``paths``: ``data.path`` and a local
+    ``model.name_or_path`` as written -> the absolute path uploaded to the nodes."""
+
+    auto_bucket: str
+    set_vars: frozenset[str] = frozenset()
+    job_dirs: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)
+    paths: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """What :meth:`SkyPilot.submit` needs. ``task`` is the planned dict (secret names only, never values)."""
+    """What :meth:`SkyPilot.submit` needs. ``task`` is the planned dict: values with a shell reference appear as
+    ``null`` (secrets by name only); ``env`` holds them, expanded at launch, in memory."""
 
     task: dict[str, tp.Any]
-    secrets: tuple[tuple[str, str], ...]  # (secret name in the task, variable of the submitting shell)
+    env: tuple[EnvEntry, ...]
     managed: bool  # sky.jobs.launch (use_spot) vs sky.launch
     name: str  # run key: task name, managed job name
     cluster_name: str | None
     idle_minutes_to_autostop: int | None
     down: bool
+    cloud: str | None  # whose credentials submit checks first (None: any cloud SkyPilot knows)
+    copy_dir: str | None = None  # <job_dir>/<key>: a second copy of the task files
+
+    @property
+    def secrets(self) -> tuple[tuple[str, str], ...]:
+        """(secret name, config key) of every secret of the task."""
+        return tuple((e.name, e.key) for e in self.env if e.secret)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,37 +286,31 @@ class SkyRef:
 # ----------------------------------------------------------------------------------------------- names and paths
 
 
-def _slug(text: str) -> str:
-    """Lowercase letters, digits and single dashes, starting with a letter (SkyPilot cluster/task names)."""
+def sky_name(text: str) -> str:
+    """A name every cloud accepts for a SkyPilot task, cluster and bucket dir: lowercase letters, digits and single
+    dashes, starting with a letter (``llama3_2_1b_squad`` -> ``llama3-2-1b-squad``); "" when nothing is left."""
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return slug if slug[:1].isalpha() else f"j-{slug}".rstrip("-")
+    return slug if not slug or slug[:1].isalpha() else f"j-{slug}"
 
 
 def run_key(sc: SkyPilotConfig, job: JobSpec) -> str:
-    """The run's name on the cloud: ``skypilot.run_name`` or ``<job name>-<6 hex of the run/sweep dir>``; sweep
-    points add ``-<job num>``. Same job dir, same key: a relaunch resumes from the same bucket dir."""
+    """The run's name on the cloud: :func:`sky_name` of ``skypilot.run_name`` (or AutoModel's ``job_name``), else
+    ``<job name>-<6 hex of the run/sweep dir>``; sweep points add ``-<job num>``. Same job dir, same key: a relaunch
+    resumes from the same bucket dir."""
     sweep = job.job_num is not None
-    base = sc.run_name
-    if base is None:
+    if sc.run_name is not None:
+        base = sky_name(sc.run_name)
+    else:
         digest = hashlib.sha1(str(job.job_dir.parent if sweep else job.job_dir).encode()).hexdigest()[:6]
-        base = f"{_slug(job.job_name)[:24].rstrip('-')}-{digest}"
+        base = f"{(sky_name(job.job_name) or 'job')[:24].rstrip('-')}-{digest}"
     return f"{base}-{job.job_num}" if sweep else base
 
 
-def default_bucket(user: str | None = None, host: str | None = None) -> str:
+def default_bucket(user: str, host: str) -> str:
     """``checkpoint_bucket: auto``: ``automodel-<user>-<8 hex of user@host>``, one bucket per user and submitting
     host (bucket names are global, so the hash keeps them apart); SkyPilot creates it on first use."""
-    with contextlib.suppress(KeyError, OSError):
-        user = user or getpass.getuser()
-    user, host = user or os.environ.get("USER", "user"), host or socket.gethostname()
     digest = hashlib.sha1(f"{user}@{host}".encode()).hexdigest()[:8]
-    return f"automodel-{_slug(user)[:30].rstrip('-')}-{digest}"
-
-
-def _bucket(sc: SkyPilotConfig) -> str | None:
-    if sc.checkpoint_bucket == "auto":
-        return default_bucket() if sc.use_spot or sc.num_nodes > 1 else None
-    return sc.checkpoint_bucket
+    return f"automodel-{(sky_name(user) or 'user')[:30].rstrip('-')}-{digest}"
 
 
 def _storage(bucket: str, store: str | None) -> dict[str, tp.Any]:
@@ -266,10 +335,21 @@ def _sh(arg: str) -> str:
 # ----------------------------------------------------------------------------------------------- planning (pure)
 
 
-def render_setup(setup: str | None) -> str | None:
-    """The task's ``setup``: the user's lines under ``set -eo pipefail``, so any failing line fails the launch.
-    (``-u`` is left out: conda's and many rc files' activation scripts read unset variables.)"""
-    return f"set -eo pipefail\n{setup.rstrip()}\n" if setup else None
+#: This project's install on every node, run before ``skypilot.setup`` (the ranks import it, hydra-core, omegaconf).
+PROJECT_INSTALL = "python -m pip install -e"
+#: Where the project is mounted when ``skypilot.workdir`` is another dir (else the workdir is the project).
+PROJECT_MOUNT = "~/automodel-hydra"
+
+
+def render_setup(user: str | None, install: str) -> str:
+    """The task's ``setup``: ``install`` (this project), then the user's lines, under ``set -eo pipefail`` so any
+    failing line fails the launch. (``-u`` is left out: conda's and many rc files' activation scripts read unset
+    variables.) A user setup such as AutoModel's ``pip install nemo-automodel`` adds to the nodes, never replaces
+    this project."""
+    lines = ["set -eo pipefail", "# automodel-hydra itself (what every rank imports)", install]
+    if user and user.strip():
+        lines += ["# skypilot.setup", user.rstrip()]
+    return "\n".join(lines) + "\n"
 
 
 def render_run(key: str, nproc: int, master_port: int, worker: list[str], prefix: list[str], out_dir: str) -> str:
@@ -304,21 +384,27 @@ def parse_result(log_text: str) -> dict[str, tp.Any] | None:
     return None
 
 
-def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     """Plan ``cfg``'s SkyPilot task: files ``sky_task.yaml`` and ``job.sky.yaml``, request :class:`Request`.
-    Pure: no ``import sky``, writes nothing (reads only the user and host name, for ``checkpoint_bucket: auto``).
+    Pure: reads only its arguments (``facts``: what preflight read on this machine), no ``import sky``.
+
+    The task's ``envs``: ``HF_HOME`` (``hf_home``), Hydra's ``hydra.job.env_set`` (every node, every rank), then
+    ``env_vars``; ``HF_TOKEN`` / ``WANDB_API_KEY`` and single-reference ``env_vars`` are secrets
+    (:mod:`automodel_hydra.backends.skypilot_env`). ``job.workdir`` (``hydra.job.chdir``) is a path on this machine
+    and has no meaning on the nodes: the ranks start in the synced workdir.
 
     Raises
     ------
     ConfigError
         A rule that spans sections: spot needs ``checkpoint.enabled`` and ``restore_from.path: latest`` (a recovered
-        job must resume); ``restore_from.path`` must be ``latest`` or null (a local path is not on the nodes).
+        job must resume); ``restore_from.path`` must be ``latest`` or null (a local path is not on the nodes); a
+        variable set twice (``env_vars`` and ``env_set``/``hf_token``/``wandb_key``); a malformed reference.
     """
     sc = cfg.skypilot
     assert sc is not None, "the skypilot backend plans configs with a skypilot: section"
     _check(cfg)
     key = run_key(sc, job)
-    bucket = _bucket(sc)
+    bucket = _bucket(sc, facts)
     root = f"~/automodel/{key}"
     out = f"{sc.checkpoint_mount}/{key}" if bucket else root
     job_file = f"{root}/launch/job.yaml"
@@ -329,42 +415,66 @@ def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
     node.update(output_dir=_yaml_path(out))
     node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
     if cfg.data.source == "file" and cfg.data.path:  # the local text file travels with the job
-        file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = str(Path(cfg.data.path).resolve())
+        file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
         node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
-    if cfg.model.name_or_path and Path(cfg.model.name_or_path).exists():  # a local model dir, not a hub id
-        file_mounts[f"{root}/launch/model"] = str(Path(cfg.model.name_or_path).resolve())
+    model = cfg.model.name_or_path
+    if model is not None and model in facts.paths:  # a local model dir, not a hub id
+        file_mounts[f"{root}/launch/model"] = facts.paths[model]
         node["model"]["name_or_path"] = _yaml_path(f"{root}/launch/model")
     if bucket:
         file_mounts[sc.checkpoint_mount] = _storage(bucket, sc.checkpoint_store)
     elif sc.num_nodes > 1:
         warnings.warn(f"skypilot.checkpoint_bucket=null with skypilot.num_nodes={sc.num_nodes}: each node keeps its "
                       "own checkpoint files; resuming needs a bucket shared by all nodes", stacklevel=2)
+    install = f"{PROJECT_INSTALL} ."
+    if sc.workdir is not None:  # the workdir is the user's: this project travels beside it
+        file_mounts[PROJECT_MOUNT] = str(job.project_root)
+        install = f"{PROJECT_INSTALL} {_sh(PROJECT_MOUNT + '/')}"
 
-    env = parse_env_vars(sc.env_vars, "skypilot.env_vars")
-    nproc = sc.nproc_per_node or sc.gpus_per_node or 1
+    env = task_env(sc.env_vars, {f: getattr(sc, f) for f in SECRET_FIELDS}, sc.hf_home, job.env, facts.set_vars)
     worker = ["-m", "automodel_hydra.worker", job_file, "--log-file", f"{out}/{job.job_name}.log"]
     prefix = nsys_prefix(cfg.profile.nsys, out, job.job_name, rank_var="RANK")
+    infra = "/".join([sc.cloud or "*", sc.region or "*", sc.zone or "*"]).rstrip("/*")
     # job_recovery (managed jobs): preemptions are always recovered, user-code failures max_restarts_on_errors times
-    resources = {"infra": sc.cloud + (f"/{sc.region}" if sc.region else ""), "accelerators": sc.accelerators,
+    resources = {"infra": infra or None, "accelerators": sc.accelerators, "instance_type": sc.instance_type,
                  "use_spot": sc.use_spot, "disk_size": sc.disk_size,
                  "job_recovery": {"max_restarts_on_errors": sc.max_restarts_on_errors} if sc.use_spot else None}
-    secrets = tuple((e.name, e.ref) for e in env if e.ref is not None)
     task = {"name": key, "resources": {k: v for k, v in resources.items() if v is not None}, "num_nodes": sc.num_nodes,
             "workdir": str(sc.workdir or job.project_root), "file_mounts": file_mounts,
-            "envs": {e.name: e.literal or "" for e in env if e.ref is None} or None,
-            "secrets": {name: None for name, _ in secrets} or None, "setup": render_setup(sc.setup)}
+            "envs": {e.name: e.literal for e in env if not e.secret} or None,
+            "secrets": {e.name: None for e in env if e.secret} or None,
+            "setup": render_setup(sc.setup, install)}
     task = {k: v for k, v in task.items() if v is not None}
-    task["run"] = render_run(key, nproc, sc.master_port, worker, prefix, out)
+    task["run"] = render_run(key, sc.nproc, sc.master_port, worker, prefix, out)
 
     # on-demand: skypilot.cluster_name (a sweep point adds -<num>: one cluster each) or the key
     cluster = sc.cluster_name and (sc.cluster_name if job.job_num is None else f"{sc.cluster_name}-{job.job_num}")
     cluster = None if sc.use_spot else cluster or key
-    request = Request(task, secrets, sc.use_spot, key, cluster, sc.idle_minutes_to_autostop, sc.down)
+    down = sc.down if sc.down is not None else _down(sc, bucket)
+    copy_dir = facts.job_dirs[sc.job_dir] + f"/{key}" if sc.job_dir is not None else None
+    request = Request(task, tuple(e for e in env if e.literal is None or e.secret), sc.use_spot, key, cluster,
+                      sc.idle_minutes_to_autostop, down, sc.cloud, copy_dir)
     files = {TASK_FILE: _header(request) + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=1000),
              # !r, so a newline in the job name cannot end the comment and add YAML keys
              NODE_JOB_FILE: f"# {job.job_name!r} on the SkyPilot nodes: launch/job.yaml with node paths, mounted at "
                             f"{job_file}\n" + yaml.safe_dump(node, sort_keys=False)}
     return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None)
+
+
+def _bucket(sc: SkyPilotConfig, facts: Facts) -> str | None:
+    """The bucket of the job's outputs. ``auto``: the per-user bucket when the job needs one (spot: a recovered job
+    resumes from it; several nodes: one shared checkpoint), except a kubernetes on-demand job (a cluster often has
+    no object store credentials: node disk, with a warning for several nodes)."""
+    if sc.checkpoint_bucket != "auto":
+        return sc.checkpoint_bucket
+    needed = sc.use_spot or (sc.num_nodes > 1 and sc.cloud != "kubernetes")
+    return facts.auto_bucket if needed else None
+
+
+def _down(sc: SkyPilotConfig, bucket: str | None) -> bool:
+    """``skypilot.down: null``: tear the idle cluster down when nothing is lost (the outputs are in a bucket) or
+    the cloud cannot stop it; stop it when its disk holds the outputs; never when it is kept up."""
+    return sc.idle_minutes_to_autostop is not None and (bucket is not None or sc.cloud in CANNOT_STOP)
 
 
 def _check(cfg: TrainConfig) -> None:
@@ -379,13 +489,12 @@ def _check(cfg: TrainConfig) -> None:
                           "from its newest checkpoint")
     if sc.use_spot and path != "latest":
         raise ConfigError("restore_from.path", path, "'latest' with skypilot.use_spot=true: a recovered job resumes")
-    if sc.workdir is not None and not Path(sc.workdir).is_dir():
-        raise ConfigError("skypilot.workdir", sc.workdir, "an existing local directory (synced to every node)")
 
 
 def _header(p: Request) -> str:
-    """How the task is launched, and the equivalent command line (secrets by name: the CLI reads this shell)."""
-    by_hand = "".join(f" --secret {n}" if n == ref else f' --secret {n}="${ref}"' for n, ref in p.secrets)
+    """How the task is launched, and the equivalent command line: variables with shell references as ``--env`` /
+    ``--secret`` with those references (bash expands them as launch does); a secret's value is never written."""
+    by_hand = "".join(" " + e.by_hand() for e in p.env)
     if p.managed:
         call, cli = f"sky.jobs.launch(task, name={p.name!r}): a managed job", f"sky jobs launch -n {p.name}"
     else:
@@ -394,8 +503,9 @@ def _header(p: Request) -> str:
         cli = f"sky launch -c {p.cluster_name}" + (f" -i {p.idle_minutes_to_autostop}"
                                                    if p.idle_minutes_to_autostop is not None else "")
         cli += " --down" if p.down else ""
-    return (f"# SkyPilot task planned by automodel-hydra; launched as {call}.\n"
-            f"# By hand: {cli} launch/{TASK_FILE}{by_hand}\n")
+    lines = [f"# SkyPilot task planned by automodel-hydra; launched as {call}.",
+             f"# By hand: {cli} launch/{TASK_FILE}{by_hand}"]
+    return "".join(line.replace("\n", " ").replace("\r", " ") + "\n" for line in lines)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -406,119 +516,82 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def _sky() -> tp.Any:
-    """``import sky`` (~2 s, creates ~/.sky), keeping its database migrations' INFO lines out of the job log."""
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger("alembic").level))
-    import sky
-
-    return sky
-
-
-def validate(task: tp.Mapping[str, tp.Any]) -> None:
-    """Check a task dict offline with SkyPilot's own schema (``common_utils.validate_schema``) and construction
-    (``sky.Task.from_yaml_config``: resources, storage). Catches unknown fields, bad infra, accelerator format,
-    ``disk_size``/``num_nodes`` <= 0, non-bool ``use_spot``, env names; not regions or accelerators a cloud lacks
-    (that needs SkyPilot's catalog). Raises SkyPilotPlanError quoting SkyPilot's message, which names the field."""
-    sky = _sky()
-    from sky.utils import common_utils, schemas
-
-    try:
-        common_utils.validate_schema(copy.deepcopy(dict(task)), schemas.get_task_schema(), "Invalid task YAML: ")
-        sky.Task.from_yaml_config(copy.deepcopy(dict(task)))  # it pops keys from its argument
-    except Exception as e:  # ValueError, InvalidSkyPilotConfigError, StorageSpecError, ...
-        raise SkyPilotPlanError(f"SkyPilot rejects the planned task ({TASK_FILE}): {e}") from e
-
-
-# ----------------------------------------------------------------------------------------------- side effects
-
-
-def build_task(request: Request, environ: tp.Mapping[str, str]) -> tp.Any:
-    """The ``sky.Task`` to launch, with secret values taken from ``environ`` (in memory only).
-
-    Raises PreflightError naming the ``skypilot.env_vars`` entry whose variable is not set (as ``sky launch
-    --secret`` does), before anything is launched."""
-    sky = _sky()
-    _check_secrets(request, environ)
-    overrides = [(name, environ[ref]) for name, ref in request.secrets]
-    return sky.Task.from_yaml_config(copy.deepcopy(request.task), secrets_overrides=overrides or None)
-
-
-def _check_secrets(request: Request, environ: tp.Mapping[str, str]) -> None:
-    missing = [f"skypilot.env_vars.{n} (${{{ref}}})" for n, ref in request.secrets if ref not in environ]
-    if missing:
-        raise PreflightError(f"{', '.join(missing)}: not set in this shell; export it, or remove the entry")
-
-
-def _raw_states(refs: tp.Sequence[SkyRef]) -> list[str]:
-    """SkyPilot's status name for each job (managed jobs in one queue call; cluster jobs per cluster)."""
-    sky = _sky()
-    out = {r: "UNKNOWN" for r in refs}
-    managed = [int(r.job_id) for r in refs if r.cluster is None]
-    if managed:
-        records = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=managed))
-        records = records[0] if isinstance(records, tuple) else records
-        by_id = {str(r.get("job_id")): getattr(r.get("status"), "value", str(r.get("status"))) for r in records}
-        out.update({r: by_id.get(r.job_id, "UNKNOWN") for r in refs if r.cluster is None})
-    by_cluster: dict[str, list[SkyRef]] = {}
-    for r in refs:
-        if r.cluster is not None:
-            by_cluster.setdefault(r.cluster, []).append(r)
-    for cluster, crefs in by_cluster.items():
-        statuses = sky.get(sky.job_status(cluster, job_ids=[int(r.job_id) for r in crefs]))
-        for r in crefs:
-            status = statuses.get(int(r.job_id))
-            out[r] = getattr(status, "value", str(status)) if status is not None else "UNKNOWN"
-    return [out[r] for r in refs]
-
-
-def _fetch_result(ref: SkyRef) -> dict[str, tp.Any] | None:
-    """Node 0's result line from the finished job's log (``sky.jobs.tail_logs`` / ``sky.tail_logs``, not followed)."""
-    sky, buf = _sky(), io.StringIO()
-    try:
-        if ref.cluster:
-            sky.tail_logs(ref.cluster, int(ref.job_id), follow=False, output_stream=buf)
-        else:
-            sky.jobs.tail_logs(job_id=int(ref.job_id), follow=False, output_stream=buf)
-    except Exception as e:  # the result is a convenience: the job's state is what counts
-        log.warning("could not read the log of SkyPilot job %s: %s", ref.ids[0], e)
-    return parse_result(buf.getvalue())
-
-
 class SkyPilot(Backend[Request, SkyRef]):
     """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
     name = "skypilot"
 
+    def __init__(self) -> None:
+        self.facts: Facts | None = None
+        self._access: dict[str | None, str | None] = {}  # cloud -> its credential problem, asked once
+
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+        """Read what planning needs from this machine (:class:`Facts`): the ``auto`` bucket name (user and host
+        name), which of ``HF_TOKEN`` / ``WANDB_API_KEY`` are set, each ``job_dir`` (shell references, ``~`` and a
+        relative path resolved here), the local files uploaded to the nodes. Raises ConfigError for a
+        ``data.path`` that is not a file here, PreflightError for an unset reference in ``job_dir``."""
+        job_dirs: dict[str, str] = {}
+        paths: dict[str, str] = {}
+        for cfg in cfgs:
+            sc = cfg.skypilot
+            assert sc is not None
+            if sc.job_dir is not None:
+                text = expand(parse(sc.job_dir, "skypilot.job_dir"), os.environ, "skypilot.job_dir")
+                job_dirs[sc.job_dir] = os.path.abspath(os.path.expanduser(text))
+            if cfg.data.source == "file" and cfg.data.path:
+                data = Path(cfg.data.path).expanduser()
+                require(data.is_file(), "data.path", cfg.data.path, "an existing file here (it is uploaded to the "
+                        "nodes)")
+                paths[cfg.data.path] = str(data.resolve())
+            model = cfg.model.name_or_path
+            if model and Path(model).expanduser().exists():  # a local model dir, else a hub id
+                paths[model] = str(Path(model).expanduser().resolve())
+        user = os.environ.get("USER", "user")
+        with contextlib.suppress(KeyError, OSError):
+            user = getpass.getuser()
+        self.facts = Facts(default_bucket(user, socket.gethostname()),
+                           frozenset(n for n in SECRET_FIELDS.values() if os.environ.get(n)), job_dirs, paths)
+
     def world_size(self, cfg: TrainConfig) -> int:
         sc = cfg.skypilot
         assert sc is not None
-        return sc.num_nodes * (sc.nproc_per_node or sc.gpus_per_node or 1)
+        return sc.num_nodes * sc.nproc
 
     def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
-        """:func:`make_plan` (pure; SkyPilot's schema check is :meth:`check`)."""
-        return make_plan(cfg, job)
+        """:func:`make_plan` with the facts :meth:`preflight` read (SkyPilot's schema check is :meth:`check`)."""
+        if self.facts is None:
+            raise RuntimeError("SkyPilot.preflight(cfgs) must run before plan: planning reads no machine")
+        return make_plan(cfg, job, self.facts)
 
     def check(self, plans: tp.Sequence[Plan[Request]]) -> None:
-        """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and the secrets they name
-        set in this shell; before anything is written or launched."""
+        """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and every shell reference
+        expanded in this shell (values discarded); before anything is written or launched."""
+        from automodel_hydra.backends import skypilot_sdk
+
         for p in plans:
-            validate(p.request.task)
-            _check_secrets(p.request, os.environ)
+            skypilot_sdk.validate(p.request.task)
+            skypilot_sdk.launch_values(p.request, os.environ)
+
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+        """One batch per job: its launch files, and the same task files under ``<job_dir>/<key>/`` when
+        ``skypilot.job_dir`` is set (AutoModel keeps a job's files there)."""
+        out = []
+        for p in plans:
+            batch = job_batch(p)
+            if p.request.copy_dir is not None:
+                copies = {Path(p.request.copy_dir) / name: text for name, text in p.files.items()}
+                batch = Batch(batch.plans, {**batch.files, **copies})
+            out.append(batch)
+        return out
 
     def submit(self, batch: Batch[Request]) -> list[Submission[SkyRef]]:
-        """Launch one task: ``sky.jobs.launch`` (spot) or ``sky.launch`` (on-demand cluster), followed
-        (``sky.stream_and_get``: provisioning and setup logs) until it returns its id. Raises SkyPilot's error when
-        the launch fails (e.g. setup failed)."""
-        sky = _sky()
+        """Launch one task (:func:`automodel_hydra.backends.skypilot_sdk.launch`): no credentials or no network
+        fails in seconds with one line naming the cause and ``sky check``, and leaves no API server it started.
+        Raises PreflightError, or SkyPilot's own error (e.g. setup failed)."""
+        from automodel_hydra.backends import skypilot_sdk
+
         (p,) = batch.plans
-        rq = p.request
-        task = build_task(rq, os.environ)
-        request = (sky.jobs.launch(task, name=rq.name) if rq.managed else
-                   sky.launch(task, cluster_name=rq.cluster_name, idle_minutes_to_autostop=rq.idle_minutes_to_autostop,
-                              down=rq.down))
-        job_id, _handle = sky.stream_and_get(request)
-        ref = SkyRef(str(job_id[0] if isinstance(job_id, (list, tuple)) else job_id),
-                     None if rq.managed else rq.cluster_name)
+        ref = skypilot_sdk.launch(p.request, self._access)
         return [Submission(p, ref, log_path=ref.cli("logs"))]
 
     def wait(self, subs: tp.Sequence[Submission[SkyRef]], poll_s: float | None = None,
@@ -527,42 +600,20 @@ class SkyPilot(Backend[Request, SkyRef]):
         change of state (recoveries included). COMPLETED carries node 0's ``result.json`` read back from the job's
         log (:data:`RESULT_MARK`). After ``retries`` failed queries in a row the jobs are reported UNKNOWN. Ctrl-C
         stops waiting, not the jobs (the message says how to cancel them)."""
-        results: dict[int, JobResult] = {}
-        last: dict[int, str] = {}
-        failures = 0
-        try:
-            while len(results) < len(subs):
-                pending = [i for i in range(len(subs)) if i not in results]
-                try:
-                    raw, failures = _raw_states([subs[i].ref for i in pending]), 0
-                except Exception as e:  # API server unreachable, cluster already torn down, ...
-                    raw, failures = [], failures + 1
-                    log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
-                    if failures >= retries:
-                        results.update({i: JobResult(JobState.UNKNOWN, error=f"cannot query SkyPilot: {e}; logs: "
-                                                     f"{subs[i].log_path}") for i in pending})
-                for i, name in zip(pending, raw):
-                    s, state = subs[i], JobState(STATE.get(name, "UNKNOWN"))
-                    if last.get(i) != name:
-                        log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
-                        last[i] = name
-                    if state is JobState.COMPLETED:
-                        results[i] = JobResult(state, _fetch_result(s.ref) or {"sky_status": name})
-                    elif state.final:
-                        results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
-                if len(results) < len(subs):
-                    time.sleep(POLL_S if poll_s is None else poll_s)
-        except KeyboardInterrupt:
-            log.warning("stopped waiting; the jobs go on. Cancel: %s", "; ".join(s.ref.cli("cancel") for s in subs))
-            raise
-        return [results[i] for i in range(len(subs))]
+        from automodel_hydra.backends import skypilot_sdk
+
+        return skypilot_sdk.wait(subs, POLL_S if poll_s is None else poll_s, retries)
 
     def states(self, refs: tp.Sequence[SkyRef]) -> list[StateInfo]:
-        return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in _raw_states(refs)]
+        from automodel_hydra.backends import skypilot_sdk
+
+        return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in skypilot_sdk.raw_states(refs)]
 
     def cancel(self, refs: tp.Sequence[SkyRef]) -> None:
         """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster."""
-        sky = _sky()
+        from automodel_hydra.backends import skypilot_sdk
+
+        sky = skypilot_sdk.sky_module()
         for ref in refs:
             sky.get(sky.cancel(ref.cluster, job_ids=[int(ref.job_id)]) if ref.cluster
                     else sky.jobs.cancel(job_ids=[int(ref.job_id)]))
