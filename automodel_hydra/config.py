@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from automodel_hydra.backends.interactive import InteractiveConfig
 from automodel_hydra.backends.skypilot import SkyPilotConfig
@@ -293,7 +294,10 @@ def _omegaconf_value(cfg: DictConfig, text: str) -> str:
     probe = cfg.copy()
     with open_dict(probe):
         probe["__automodel_probe__"] = text
-        return str(probe["__automodel_probe__"])
+        try:
+            return str(probe["__automodel_probe__"])
+        except OmegaConfBaseException:  # not OmegaConf's either (e.g. bash's ${VAR:?}): the backend judges it
+            return text
 
 
 #: Launcher fields a backend gives their shell meaning itself, at launch (a schema's ``SHELL_FIELDS``: SkyPilot's
