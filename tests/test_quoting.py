@@ -179,7 +179,7 @@ def test_sbatch_itself_reads_a_weird_job_name_and_log_dir_whole(slurm_cluster, w
                                                                  tmp_path: Path) -> None:
     """``#SBATCH`` lines are read by sbatch, not bash: submit the planned script to the real cluster, held, and ask
     Slurm what it understood."""
-    run = weird_path.with_name(weird_path.name.replace("\n", " ")) / "run"
+    run = weird_path.with_name(weird_path.name.replace("\n", " ").replace("\\", "")) / "run"  # sbatch: no \\ in logs
     job_name = WEIRD_JOB.replace("\n", " \\ ")
     train_py("launcher=slurm", f"hydra.run.dir={hq(str(run))}", f"slurm.job_name={hq(job_name)}",
              "slurm.partition=debug", "slurm.gpus_per_node=0", "slurm.ntasks_per_node=1", "slurm.time=00:10:00",

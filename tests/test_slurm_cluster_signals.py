@@ -101,7 +101,7 @@ def job_dir(tmp_path: Path, name: str, max_steps: int = 100_000) -> Path:
                        f"step_scheduler.max_steps={max_steps}", "step_scheduler.checkpoint_interval=100000"],
                       output_dir=run)
     (run / "launch").mkdir(parents=True)
-    set_job(run, config.to_dict(config.load(cfg)))
+    set_job(run, config.rank_spec(config.load(cfg)))
     return run
 
 

@@ -143,6 +143,11 @@ class VolumeMapping:
 class SlurmConfig:
     """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
 
+    #: Fields that are shell text for the job itself: written to the script as they are, so bash expands their
+    #: ``$VAR`` where the job runs (a ``$HF_TOKEN`` in ``setup`` never becomes its value in a file). Every other
+    #: field's shell references are expanded from the submitting shell (automodel_hydra/envvars.py).
+    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args")
+
     job_name: str = "llm_finetune"
     nodes: int = 1
     # tasks (= ranks) per node; one per GPU on GPU clusters
