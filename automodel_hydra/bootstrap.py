@@ -70,7 +70,7 @@ def first_host(nodelist: str) -> str:
 
 def expand_hostlist(nodelist: str) -> list[str]:
     """All hosts of a Slurm hostlist expression, in order (``scontrol show hostnames`` semantics)."""
-    import hostlist  # type: ignore[import-untyped]  # python-hostlist, maintained by NSC; same grammar as Slurm
+    import hostlist  # python-hostlist, maintained by NSC; same grammar as Slurm
 
     hosts: list[str] = hostlist.expand_hostlist(nodelist)
     if not hosts:

@@ -189,7 +189,8 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
     from automodel_hydra.checkpoint import find_latest
 
     where = sweep_dir or outcomes[0].prepared.job.job_dir
-    running, stopped = [], []
+    running: list[Outcome] = []
+    stopped: list[Outcome] = []
     for o in outcomes:
         if o.sub is None or (o.result is not None and o.result.state.final):
             continue

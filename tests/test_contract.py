@@ -1,0 +1,39 @@
+"""The backend contract as users meet it: a dry run writes exactly what a real run submits."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import train_py
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    """Every file planning wrote (the records a submission adds are not planning's)."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.parent.name == "launch" and p.name not in ("submission.json", "manifest.json")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep", [False, True])
+def test_dry_run_and_real_run_write_byte_identical_launch_files(tmp_path: Path, sweep: bool) -> None:
+    """Slurm, with a stand-in ``sbatch`` (it records the script it was given and answers a job id, as
+    ``sbatch --parsable`` does): no real cluster is needed to compare files."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\nfor a; do f=$a; done\ncp "$f" {tmp_path}/submitted.sh\necho 77\n')
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    where = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    args = [*(["-m", "seed=1,2"] if sweep else []), "launcher=slurm", "slurm.ntasks_per_node=1"]
+    train_py(*args, "dry_run=true", f"{where}={tmp_path / 'dry'}", env=env)
+    train_py(*args, f"{where}={tmp_path / 'real'}", "slurm.detach=true", env=env)
+    dry = {k: v.replace(str(tmp_path / "dry").encode(), b"RUN") for k, v in _files(tmp_path / "dry").items()}
+    real = {k: v.replace(str(tmp_path / "real").encode(), b"RUN") for k, v in _files(tmp_path / "real").items()}
+    assert dry and dry == real
+    submitted = (tmp_path / "submitted.sh").read_bytes()
+    assert submitted == (tmp_path / "real" / "launch" / "sbatch.sh").read_bytes()  # what ran is what was written
