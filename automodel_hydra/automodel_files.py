@@ -64,9 +64,9 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
 
     Each leaf goes through ``ConfigNode`` on its own, so the error names its key: ``_target_`` and ``*_fn`` values
     are imported (AutoModel 0.7.0 imports any module found on ``sys.path`` and refuses private or dunder attributes
-    unless ``NEMO_ENABLE_USER_MODULES=1``; ``path/file.py:attr`` targets load that file), ``${VAR}`` / ``${VAR,default}`` /
-    ``${oc.env:VAR}`` / ``$VAR`` are expanded from this process's environment. ``allow_unset_env=True`` accepts a
-    variable that is unset here (one that only the compute nodes set).
+    unless ``NEMO_ENABLE_USER_MODULES=1``; ``path/file.py:attr`` targets load that file), ``${VAR}`` /
+    ``${VAR,default}`` / ``${oc.env:VAR}`` / ``$VAR`` are expanded from this process's environment.
+    ``allow_unset_env=True`` accepts a variable that is unset here (one that only the compute nodes set).
 
     Raises RecipeSectionError naming the dotted key and AutoModel's reason."""
     try:
@@ -86,7 +86,7 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
             if allow_unset_env and "Environment variable" in str(e):
                 return
             raise RecipeSectionError(key, _one_line(e.args[0] if e.args else e)) from None
-        except Exception as e:  # noqa: BLE001 - ImportError, AssertionError (file targets), whatever a module raises
+        except Exception as e:
             raise RecipeSectionError(key, f"{type(e).__name__}: {_one_line(e)}") from None
 
     for k, v in _items(recipe_sections):
@@ -149,7 +149,8 @@ def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool
     try:
         validate_repo_id(name)
     except ValueError as e:  # HFValidationError
-        raise ModelNotFetchableError(name, f"not an existing local dir nor a valid Hub repo id ({_one_line(e)})")
+        raise ModelNotFetchableError(name, "not an existing local dir nor a valid Hub repo id "
+                                     f"({_one_line(e)})") from None
     if offline is None:
         offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
                       for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
@@ -165,7 +166,7 @@ def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool
         except errors.RepositoryNotFoundError:
             raise ModelNotFetchableError(name, "not found on the Hugging Face Hub (or private: set HF_TOKEN)") \
                 from None
-        except Exception as e:  # noqa: BLE001 - no network, proxy, server error: the cache may still have it
+        except Exception as e:
             reason = f"Hub unreachable ({type(e).__name__}: {_one_line(e)[:160]})"
     else:
         reason = "offline (HF_HUB_OFFLINE=1)"

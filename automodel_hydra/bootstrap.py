@@ -419,7 +419,8 @@ def _port(env: tp.Mapping[str, str], job_id: str | None) -> tuple[int, str]:
     if "MASTER_PORT" in env:
         return tp.cast(int, _int(env, "MASTER_PORT")), "$MASTER_PORT"
     base = _int(env, "AUTOMODEL_MASTER_PORT")
-    port, source = (base, "$AUTOMODEL_MASTER_PORT") if base is not None else (DEFAULT_PORT, f"the default {DEFAULT_PORT}")
+    port, source = ((base, "$AUTOMODEL_MASTER_PORT") if base is not None
+                    else (DEFAULT_PORT, f"the default {DEFAULT_PORT}"))
     if job_id is not None:
         return port + tp.cast(int, _int(env, job_id)) % PORT_SPAN, f"{source} + ${job_id} % {PORT_SPAN}"
     return port, source
@@ -673,8 +674,8 @@ def wait_for_ranks(store: tp.Any, env: DistEnv, timeout_s: float, progress_s: fl
         raise
     except DistError as e:
         raise RendezvousError(f"rank {env.rank} on {here} lost the rendezvous store at {_where(env)} while waiting "
-                              f"for the other ranks ({_first_line(e)}): rank 0{_on(env, 0)} gave up or died; its log names "
-                              "the missing ranks") from None
+                              f"for the other ranks ({_first_line(e)}): rank 0{_on(env, 0)} gave up or died; its log "
+                              "names the missing ranks") from None
 
 
 def _attempt_store(env: DistEnv, timeout_s: float) -> tp.Any:
@@ -695,7 +696,8 @@ def _attempt_store(env: DistEnv, timeout_s: float) -> tp.Any:
         agent = TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
                          timeout=datetime.timedelta(seconds=timeout_s))
     except DistError as e:
-        raise RendezvousError(f"rank {env.rank} cannot reach torchrun's agent store at {_where(env)}: {_first_line(e)}") from None
+        raise RendezvousError(f"rank {env.rank} cannot reach torchrun's agent store at {_where(env)}: "
+                              f"{_first_line(e)}") from None
     return PrefixStore(f"automodel/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
 
 

@@ -405,7 +405,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         vals = [m["val_loss"] for m in metrics if isinstance(m.get("val_loss"), (int, float))]
         rows.append({"job": job_num(rec), "overrides": labels[job_num(rec)],
                      "completed": bool(result), "step": result.get("step", last.get("step")),
-                     "loss": result.get("loss", last.get("loss")), "val_loss": result.get("val_loss", vals[-1] if vals else None),
+                     "loss": result.get("loss", last.get("loss")),
+                     "val_loss": result.get("val_loss", vals[-1] if vals else None),
                      "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s")),
                      "world_size": result.get("world_size", last.get("world_size"))})
         c = curve(metrics)
@@ -551,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch_file(path: str, rest: list[str]) -> int:
-    """``automodel-hydra F.yaml [overrides]``: ``python train.py`` on the file, unchanged (:mod:`automodel_hydra.argv`)."""
+    """``automodel-hydra F.yaml [overrides]``: ``python train.py`` on the file, unchanged
+    (:mod:`automodel_hydra.argv`)."""
     from automodel_hydra import argv
 
     train_py = Path(__file__).resolve().parents[1] / "train.py"

@@ -130,7 +130,7 @@ def read_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from None
             for name in (prompt_field, answer_field):
                 if not isinstance(row, dict) or not isinstance(row.get(name), str):  # bad content of data.path
-                    raise ValueError(f"{path}:{n}: needs a string field {name!r} (data.prompt_field / "  # noqa: TRY004
+                    raise ValueError(f"{path}:{n}: needs a string field {name!r} (data.prompt_field / "
                                      f"data.answer_field), got {line.strip()[:120]}")
             rows.append((row[prompt_field], row[answer_field]))
     if not rows:
@@ -226,7 +226,8 @@ class ShardedWindows(StepSampler):
 
 
 class ShardedExamples(StepSampler):
-    """Encoded examples: ``inputs`` and ``targets`` of shape ``[num_examples, seq_len]`` (see :func:`encode_example`)."""
+    """Encoded examples: ``inputs`` and ``targets`` of shape ``[num_examples, seq_len]`` (see
+    :func:`encode_example`)."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, **kw: tp.Any) -> None:
         self.inputs, self.targets = inputs, targets

@@ -40,7 +40,7 @@ def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
         try:
             impl = backends.get(name)
             infos = impl.states([impl.ref_from_record(records[i]) for i in idx])
-        except Exception as e:  # noqa: BLE001  (a scheduler that cannot be asked is reported, not fatal)
+        except Exception as e:
             infos = [StateInfo(JobState.UNKNOWN, f"{type(e).__name__}: {e}".splitlines()[0][:160])] * len(idx)
         for i, info in zip(idx, infos):
             out[i] = info
@@ -58,7 +58,8 @@ def summarize(states: tp.Sequence[JobState]) -> str:
     done = {s.value: n for s, n in sorted(count.items(), key=lambda kv: kv[0].value) if s.final}
     parts = [f"{count[s]} {s.value.lower()}" for s in (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN)
              if count[s]]
-    parts.append(f"{sum(done.values())} done" + (f" ({', '.join(f'{n} {s}' for s, n in done.items())})" if done else ""))
+    parts.append(f"{sum(done.values())} done"
+                 + (f" ({', '.join(f'{n} {s}' for s, n in done.items())})" if done else ""))
     return f"{len(states)} jobs submitted: " + ", ".join(parts)
 
 
@@ -86,8 +87,9 @@ def sweep_progress(subs: tp.Sequence[Submission[tp.Any]], *, tty: bool | None = 
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(stderr=True),
+                            transient=False)
         task = progress.add_task("", total=len(subs))
         progress.start()
 

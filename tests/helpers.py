@@ -13,11 +13,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from automodel_hydra import config
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-
-
-from automodel_hydra import config
 
 config.register()  # the typed schema the project's configs compose with
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from automodel_hydra import cli
-from automodel_hydra.states import JobState
 from automodel_hydra.backends.interactive import free_port
+from automodel_hydra.states import JobState
 from tests.helpers import ROOT, train_py
 
 TINY = ["interactive.nproc_per_node=1", "step_scheduler.max_steps=4", "step_scheduler.log_interval=1",
@@ -173,8 +173,9 @@ def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypa
 
     fakes = {"slurm": fake(broken), "interactive": fake(answers)}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
-    jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"], "job_dir": str(tmp_path / str(i)),
-             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "interactive", "interactive"])]
+    jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"],
+             "job_dir": str(tmp_path / str(i)), "job_name": "train", "log_path": None}
+            for i, b in enumerate(["slurm", "interactive", "interactive"])]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
     assert cli.main(["status", str(tmp_path), "--json"]) == 0
@@ -193,8 +194,8 @@ def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatc
     infos = [StateInfo(JobState.PENDING, "Priority"), StateInfo(JobState.PENDING, "PartitionConfig")]
     fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r)
     monkeypatch.setattr(backends, "get", lambda name: fake)
-    jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [], "job_dir": str(tmp_path / str(i)),
-             "job_name": "train", "log_path": None} for i in range(2)]
+    jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [],
+             "job_dir": str(tmp_path / str(i)), "job_name": "train", "log_path": None} for i in range(2)]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
     assert cli.main(["status", str(tmp_path), "--json"]) == 0
@@ -379,7 +380,8 @@ def test_help_is_the_products_help() -> None:
     for name, keys in named.items():
         fields = {f.name for f in dataclasses.fields(sections.get(name, config.TrainConfig))}
         assert set(keys) <= fields, (name, set(keys) - fields)
-    assert {"keep_latest_k", "name_or_path", "prompt_field", "nodes", "use_spot"} <= {k for v in named.values() for k in v}
+    assert {"keep_latest_k", "name_or_path", "prompt_field", "nodes", "use_spot"} <= {
+        k for v in named.values() for k in v}
 
 
 # ----------------------------------------------------------------------------------------------- a real run

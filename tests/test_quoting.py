@@ -135,8 +135,9 @@ def test_skypilot_run_keeps_weird_values_as_data(weird_path: Path, tmp_path: Pat
     mount = f"{tmp_path}/ck;'q'\"dq\"$(touch\tMARKB)`touch\tMARKC`$HOME"
     run_dir = weird_path / "run"
     train_py("launcher=skypilot", "skypilot.accelerators=null", "skypilot.setup=null",
-             f"hydra.run.dir={hq(str(run_dir))}", f"hydra.job.name={hq(WEIRD_JOB)}", f"skypilot.checkpoint_mount={hq(mount)}",
-             "skypilot.checkpoint_bucket=my-bucket", f"++skypilot.env_vars.NOTE={hq(WEIRD_VALUE)}", "profile=nsys",
+             f"hydra.run.dir={hq(str(run_dir))}", f"hydra.job.name={hq(WEIRD_JOB)}",
+             f"skypilot.checkpoint_mount={hq(mount)}", "skypilot.checkpoint_bucket=my-bucket",
+             f"++skypilot.env_vars.NOTE={hq(WEIRD_VALUE)}", "profile=nsys",
              f"profile.nsys.extra_args=[{hq('--opt=' + WEIRD_VALUE)}]", "dry_run=true", cwd=tmp_path)
     task = yaml.safe_load((run_dir / "launch" / "sky_task.yaml").read_text())
     # "$HOME" in it is a shell reference: SkyPilot gets the value at launch, expanded as data (docs/skypilot.md)

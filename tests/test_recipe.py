@@ -192,8 +192,9 @@ def test_fine_tunes_a_local_model_with_its_tokenizer_on_instruction_data(tiny_mo
     from transformers import AutoTokenizer
 
     data_cfg = DataConfig(source="jsonl", path=str(write_jsonl(tmp_path / "d.jsonl", n=400)), seq_len=40)
-    cfg = _cfg(tmp_path, max_steps=30, ckpt=30, log=5, val_every_steps=10, model=ModelConfig(name_or_path=str(tiny_model)),
-               data=data_cfg, optim=OptimConfig(lr=1e-2, warmup_steps=2))
+    cfg = _cfg(tmp_path, max_steps=30, ckpt=30, log=5, val_every_steps=10,
+               model=ModelConfig(name_or_path=str(tiny_model)), data=data_cfg,
+               optim=OptimConfig(lr=1e-2, warmup_steps=2))
     result = train(cfg, ENV1)
     metrics = _metrics(tmp_path)
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 1.0, [m["loss"] for m in metrics]

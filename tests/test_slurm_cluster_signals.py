@@ -65,7 +65,8 @@ def test_after_stop(usr2: bool, term: bool, preempted: bool, left: bool, action:
 
 
 @pytest.mark.parametrize("text, value", [
-    ("JobId=6 JobState=RUNNING PreemptEligibleTime=2026-11-30T16:47:57 PreemptTime=2026-11-30T16:48:01 Req", "2026-11-30T16:48:01"),
+    ("JobId=6 JobState=RUNNING PreemptEligibleTime=2026-11-30T16:47:57 PreemptTime=2026-11-30T16:48:01 Req",
+     "2026-11-30T16:48:01"),
     ("JobId=2 JobState=RUNNING PreemptEligibleTime=2026-11-30T16:47:26 PreemptTime=None Dependency=(null)", None),
     ("JobId=2 JobState=RUNNING", None),
 ])
@@ -84,7 +85,8 @@ def test_stop_flag_records_each_signal_once_in_order() -> None:
 def test_worker_module_imports_nothing_heavy_before_its_handlers() -> None:
     """``python -m automodel_hydra.worker`` installs its handlers first thing in main(): that only helps if
     importing the module itself does not take torch's 5-15 s."""
-    code = "import sys, automodel_hydra.worker; print(sorted({'torch', 'omegaconf', 'transformers'} & set(sys.modules)))"
+    code = ("import sys, automodel_hydra.worker; "
+            "print(sorted({'torch', 'omegaconf', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert out.strip() == "[]"

@@ -40,7 +40,8 @@ def golden_script() -> str:
             ("partition", "batch"), ("account", "my_account"), ("constraint", "h100|a100"),
             ("comment", 'lr sweep "v2" # 10 points'),
         ],
-        setup=["export PYTHONPATH=/src/automodel-hydra", 'export AUTOMODEL_JOB_DIR="${job_dirs[$SLURM_ARRAY_TASK_ID]}"'],
+        setup=["export PYTHONPATH=/src/automodel-hydra",
+               'export AUTOMODEL_JOB_DIR="${job_dirs[$SLURM_ARRAY_TASK_ID]}"'],
         srun_args=["--kill-on-bad-exit=1", *SRUN_EXPORT_ARGS, "--output", "/scratch/sweep/slurm/%A_%a_%t.out"],
         command='python -u -m automodel_hydra.worker "$AUTOMODEL_JOB_DIR"/launch/job.yaml',
     )
@@ -165,7 +166,8 @@ def test_bash_runs_the_srun_line_with_weird_arguments_intact(tmp_path: Path, wei
     (tmp_path / "bin").mkdir()
     record = tmp_path / "argv"
     fake = tmp_path / "bin" / "srun"
-    fake.write_text(f"#!{sys.executable}\nimport sys, json\nopen({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    fake.write_text(f"#!{sys.executable}\nimport sys, json\n"
+                    f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
     fake.chmod(0o755)
     text = render_sbatch(directives=[("job-name", "w")], setup=[f"cd {shlex.quote(str(weird_path))}"],
                          srun_args=["--output", f"{tmp_path}/%t.out", f"--comment={weird_path}"],

@@ -241,7 +241,8 @@ class _Scheduler:
             env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.request.nproc))
             preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
         log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
-                 plan.request.nproc, port or "picked by the OS (rank 0 logs it)", f", devices {devices}" if packed else "")
+                 plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
+                 f", devices {devices}" if packed else "")
         out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
                                 start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),

@@ -44,12 +44,26 @@ import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from automodel_hydra.backends.slurm_script import (
+    SRUN_EXPORT_ARGS,
+    parse_job_id,
+    pattern_literal,
+    render_sbatch,
+    sbatch_export_args,
+)
 from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
-from automodel_hydra.backends.slurm_script import (SRUN_EXPORT_ARGS, parse_job_id, pattern_literal, render_sbatch,
-                                                   sbatch_export_args)
 from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
-from automodel_hydra.plan import (Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission, read_result,
-                                  worker_argv)
+from automodel_hydra.plan import (
+    Backend,
+    Batch,
+    JobResult,
+    JobSpec,
+    Plan,
+    PreflightError,
+    Submission,
+    read_result,
+    worker_argv,
+)
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
 from automodel_hydra.states import JobState, StateInfo
@@ -76,7 +90,8 @@ TASK_DEFAULTS = {
 
 # sbatch(1), option --time: "Acceptable time formats include "minutes", "minutes:seconds", "hours:minutes:seconds",
 # "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds"."
-_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 
 
 def parse_slurm_time(value: str | int, key: str = "slurm.time") -> int:
@@ -208,7 +223,8 @@ class SlurmConfig:
         at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
         at_least("slurm.array_parallelism", self.array_parallelism)
         del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
-        self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]") for i, m in enumerate(self.extra_mounts)]
+        self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
+                             for i, m in enumerate(self.extra_mounts)]
         # #SBATCH values are one line each (sbatch reads one option per line); name the field, not the line
         lines = {k: getattr(self, k) for k in ("job_name", "account", "partition", "qos", "constraint", "exclude",
                                                    "mem")}
@@ -360,8 +376,9 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
-    return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup), container_image=sc.container_image,
-                   mounts=tuple(mounts), srun_args=tuple(sc.srun_args), command=command,
+    return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup),
+                   container_image=sc.container_image, mounts=tuple(mounts), srun_args=tuple(sc.srun_args),
+                   command=command,
                    env_refs=tuple(r.name for e in env for r in e.refs), ntasks=sc.world_size)
 
 
@@ -497,7 +514,8 @@ class Slurm(Backend[Request, SlurmRef]):
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
-            out = log_root(dirs, bool(array)) / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
+            out = log_root(dirs, bool(array)) / "slurm" / (f"{job_id}_{i}_0_log.out" if array
+                                                           else f"{job_id}_0_log.out")
             subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out)))
         return subs
 

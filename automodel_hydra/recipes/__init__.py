@@ -2,15 +2,15 @@
 
 A job's ``recipe:`` key names it (docs/recipes.md has the user's side):
 
-=========================================================== ========== ============================================
-``recipe:``                                                 kind       what a rank calls
-=========================================================== ========== ============================================
-absent / ``null``                                           bundled    :func:`.llm_finetune.train`
-``TrainFinetuneRecipeForNextTokenPrediction`` (bare name)   automodel  ``cls(cfg).setup(); .run_train_validation_loop()``
-``nemo_automodel.recipes.llm.train_ft.TrainFinetune...``    automodel  the same (any class with those two methods)
-``{_target_: <either of the two above>}``                   automodel  the same
-``my_pkg.train:main`` or ``my_pkg.train.main``              callable   ``main(cfg, dist, should_stop)``
-=========================================================== ========== ============================================
+========================================================= ========= ==================================================
+``recipe:``                                               kind      what a rank calls
+========================================================= ========= ==================================================
+absent / ``null``                                         bundled   :func:`.llm_finetune.train`
+``TrainFinetuneRecipeForNextTokenPrediction`` (bare name) automodel ``cls(cfg).setup(); .run_train_validation_loop()``
+``nemo_automodel.recipes.llm.train_ft.TrainFinetune...``  automodel the same (any class with those two methods)
+``{_target_: <either of the two above>}``                 automodel the same
+``my_pkg.train:main`` or ``my_pkg.train.main``            callable  ``main(cfg, dist, should_stop)``
+========================================================= ========= ==================================================
 
 Names are resolved as NeMo AutoModel's CLI resolves its YAML's ``recipe:`` (``nemo_automodel/cli/app.py``): a
 string, or a mapping's ``_target_``; a name without a dot is looked up with AutoModel's public
@@ -130,8 +130,8 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
     """Run ``recipe`` on this rank; the process group is initialised (the worker's ``init_distributed``).
 
     ``cfg`` is the job's config as the rank has it (``launch/job.yaml`` as a DictConfig, or a dict): the bundled
-    recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe gets its
-    recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig.
+    recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe
+    gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig.
 
     Returns the final metrics as a dict that always has ``stopped_early``.
 

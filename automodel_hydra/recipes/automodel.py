@@ -8,16 +8,16 @@
 
 with three differences, all documented in docs/recipes.md:
 
-* **The config object.** The recipe sections (everything but the launcher's, :data:`..automodel_files.LAUNCHER_SECTIONS`)
-  are handed *unresolved* to AutoModel's loader (``ConfigNode``), so ``${VAR}`` / ``${VAR,default}`` /
-  ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment) and ``_target_`` its import
-  rules. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it (a small own equivalent:
-  its function is private).
-* **The process group.** The worker initialises it before the recipe (:func:`automodel_hydra.bootstrap.init_distributed`:
-  nccl with CUDA, gloo without, a per-attempt store under torchrun restarts, 600 s timeout); AutoModel's
-  ``initialize_distributed`` finds it initialised and reuses it (it prints "torch distributed is already
-  initialized, skipping initialization."). The YAML's ``dist_env.backend`` and ``dist_env.timeout_minutes`` are
-  then not used; :func:`run` logs so when they differ from the group's.
+* **The config object.** The recipe sections (everything but the launcher's,
+  :data:`..automodel_files.LAUNCHER_SECTIONS`) are handed *unresolved* to AutoModel's loader (``ConfigNode``), so
+  ``${VAR}`` / ``${VAR,default}`` / ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment)
+  and ``_target_`` its import rules. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it
+  (a small own equivalent: its function is private).
+* **The process group.** The worker initialises it before the recipe
+  (:func:`automodel_hydra.bootstrap.init_distributed`: nccl with CUDA, gloo without, a per-attempt store under
+  torchrun restarts, 600 s timeout); AutoModel's ``initialize_distributed`` finds it initialised and reuses it (it
+  prints "torch distributed is already initialized, skipping initialization."). The YAML's ``dist_env.backend`` and
+  ``dist_env.timeout_minutes`` are then not used; :func:`run` logs so when they differ from the group's.
 * **Stop signals.** AutoModel's ``StepScheduler`` installs its own handler for ``step_scheduler.preemption_signal``
   (default ``SIGTERM`` only): on the signal, all ranks agree (all_gather) at the next step, save a checkpoint of
   that step (without validation), leave the loop and return normally. :func:`run` adds ``SIGUSR2`` (Slurm's

@@ -145,7 +145,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: S
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor] | None, device: torch.device) -> float | None:
+def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor] | None,
+             device: torch.device) -> float | None:
     """:func:`token_loss` on the held-out ``(inputs, targets)`` (the same on every rank; no collectives). None
     without held-out data."""
     if val is None:
