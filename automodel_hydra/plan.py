@@ -184,7 +184,7 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
     #: the backend's name, as in ``launch/submission.json`` and ``launcher=NAME``
     name: tp.ClassVar[str]
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:  # noqa: B027  (optional hook: nothing to check)
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
         """Checks that need this machine, for every job about to be planned; keeps facts planning needs on
         ``self``. Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from here."""
 
@@ -196,7 +196,7 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
     def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[RequestT]:
         """Plan one job (pure). Raises ConfigError naming the key when a value cannot be planned."""
 
-    def check(self, plans: tp.Sequence[Plan[RequestT]]) -> None:  # noqa: B027  (optional hook)
+    def check(self, plans: tp.Sequence[Plan[RequestT]]) -> None:
         """Checks of the planned jobs that need this machine or the backend's SDK (SkyPilot's own task schema);
         run before anything is written. Raises an error naming the field."""
 

@@ -1,7 +1,8 @@
 """Shared fixtures. The real Slurm test cluster comes from tests/slurm_cluster.py (session-scoped)."""
 
-import pytest
 from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.slurm_cluster"]
 

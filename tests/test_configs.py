@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from omegaconf.errors import ConfigKeyError, ValidationError
 from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from automodel_hydra import config, envvars
 from automodel_hydra.backends.slurm import parse_slurm_time

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from automodel_hydra.config import DataConfig
-from automodel_hydra.schema import ConfigError
 from automodel_hydra.data import (
     BYTES,
     IGNORE,
@@ -28,6 +27,7 @@ from automodel_hydra.data import (
     read_jsonl,
     split,
 )
+from automodel_hydra.schema import ConfigError
 
 
 def make_tiny_model(path: Path, *, tokenizer: bool = True, vocab_size: int = 400) -> Path:
@@ -71,7 +71,7 @@ def test_pydoc_text_is_real_and_encodes_to_bytes():
     text = load_text(DataConfig())
     assert len(text) > 100_000 and "def " in text and "class" in text
     tokens = encode(text)
-    assert tokens.dtype == torch.int64 and 0 <= int(tokens.min()) and int(tokens.max()) < 256
+    assert tokens.dtype == torch.int64 and int(tokens.min()) >= 0 and int(tokens.max()) < 256
     assert decode(encode("héllo ✓")) == "héllo ✓"
 
 

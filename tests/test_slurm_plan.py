@@ -21,10 +21,10 @@ import pytest
 
 from automodel_hydra import config
 from automodel_hydra.backends import slurm
-from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
 from automodel_hydra.backends.slurm import parse_slurm_time
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
 from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError
+from automodel_hydra.schema import ConfigError
 from automodel_hydra.states import JobState
 from tests.helpers import ROOT, compose_cfg
 
