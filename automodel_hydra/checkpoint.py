@@ -1,6 +1,6 @@
 """Step-N checkpoints with ``torch.distributed.checkpoint`` (DCP) and a pointer to the newest complete one.
 
-Layout under the checkpoint dir (SPEC section 5)::
+Layout under the checkpoint dir::
 
     step-50/   .metadata  __0_0.distcp ...  .complete
     step-100/  ...
@@ -9,6 +9,11 @@ Layout under the checkpoint dir (SPEC section 5)::
 A checkpoint counts as complete once DCP has written its ``.metadata`` and rank 0 has written ``.complete`` after the
 save returned (sync) or its future resolved (async). :func:`find_latest` never returns anything else, so a job killed
 mid-save resumes from the previous checkpoint.
+
+Retention (``checkpoint.keep_latest_k``, default 3): after each completed save the older step dirs beyond the newest K
+complete ones are deleted, except the one this run resumed from; 0 keeps all. A new save of a step that already has
+a complete checkpoint (a fresh start over an old run) is written to ``.step-N.partial`` and renamed over the old one
+only once complete, so a complete checkpoint is never deleted before its replacement exists.
 
 Like torchtitan's ``BaseCheckpointManager``, the public ``save/load/wait/close`` check ``enabled`` once and call the
 ``_`` hooks; a subclass (another storage, another format) overrides only the hooks.
@@ -29,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 logger = logging.getLogger(__name__)
@@ -89,6 +94,12 @@ def is_complete(path: str | os.PathLike) -> bool:
     return (p / METADATA).is_file() and (p / COMPLETE_MARKER).is_file()
 
 
+def _partial(path: Path) -> Path:
+    """Where a new save of a step goes while a complete checkpoint of that step exists (not a ``step-N`` name, so
+    :func:`find_latest` never sees it)."""
+    return path.with_name(f".{path.name}.partial")
+
+
 def _step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step-N`` dir, oldest first (complete or not)."""
     if not ckpt_dir.is_dir():
@@ -124,15 +135,19 @@ class CheckpointManager:
     enabled: False makes every public method a no-op (``load`` returns 0).
     async_save: ``dcp.async_save`` on a dedicated gloo process group (its collectives run on a background thread
         and must not interleave with training collectives); completion is checked at the next save/wait/close.
-    keep_latest_k: after each completed save rank 0 deletes all but the newest K complete checkpoints (0 = keep all).
+    keep_latest_k: after each completed save of step N, rank 0 deletes the step dirs below N that are neither among
+        the newest K complete ones (by step) nor the checkpoint this manager loaded from (a restarted job loads it
+        again while ``restore_from.path`` names it); half-written leftovers below N go too. 0 = keep all. So the
+        save just completed (the ``latest`` pointer's target) and the highest complete step are never deleted.
 
     Every rank must construct the manager (with ``async_save`` and more than one rank it creates a process group).
     """
 
     def __init__(self, ckpt_dir: str | os.PathLike, *, enabled: bool = True, async_save: bool = False,
-                 keep_latest_k: int = 0) -> None:
+                 keep_latest_k: int = 3) -> None:
         self.dir, self.enabled, self.async_save, self.keep_latest_k = Path(ckpt_dir), enabled, async_save, keep_latest_k
-        self._pending: tuple[int, Future] | None = None
+        self._pending: tuple[int, Path, Future] | None = None
+        self.resumed_from: Path | None = None  # set by load: the checkpoint training started from
         self._pg = None
         # one stager for the whole run: it stages into the same CPU buffers every save instead of allocating a copy
         # of the whole state each time (most of the training-thread stall); safe because _save waits for the
@@ -180,27 +195,36 @@ class CheckpointManager:
     def _save(self, step: int, state: dict[str, tp.Any]) -> None:
         self._wait()
         path = self.dir / step_dir_name(step)
-        if _rank() == 0:  # a leftover of an abandoned run at this step must not pass for the new checkpoint
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True, exist_ok=True)
+        # a complete checkpoint of this step (an earlier run's) stays readable until its replacement is complete
+        target = _partial(path) if is_complete(path) else path
+        if _rank() == 0:  # a leftover of an abandoned save must not pass for the new checkpoint
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True, exist_ok=True)
         if _dist_on():
             dist.barrier()
         sd = {**state, TRAIN_STATE: {"step": step}}
         if self.async_save:
             with _single_process_ok():
-                fut = dcp.async_save(sd, checkpoint_id=str(path), process_group=self._pg, async_stager=self._stager)
-            self._pending = (step, tp.cast(Future, fut))
+                fut = dcp.async_save(sd, checkpoint_id=str(target), process_group=self._pg, async_stager=self._stager)
+            self._pending = (step, target, tp.cast(Future, fut))
         else:
             with _single_process_ok():
-                dcp.save(sd, checkpoint_id=str(path))
-            self._finalize(step)
+                dcp.save(sd, checkpoint_id=str(target))
+            self._finalize(step, target)
 
-    def _finalize(self, step: int) -> None:
-        """Rank 0, after DCP finished (``.metadata`` written last): marker, pointer, purge."""
+    def _finalize(self, step: int, target: Path) -> None:
+        """Rank 0, after DCP finished writing ``target`` (``.metadata`` written last): marker, rename into place
+        when it was written beside a complete checkpoint of the same step, pointer, purge."""
         if _rank() != 0:
             return
         path = self.dir / step_dir_name(step)
-        (path / COMPLETE_MARKER).write_text(f"{step}\n")
+        (target / COMPLETE_MARKER).write_text(f"{step}\n")
+        if target != path:  # swap: the old one is moved out of the way only now, and deleted after the swap
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(target, path)
+            shutil.rmtree(old, ignore_errors=True)
         tmp = self.dir / f".{POINTER}.tmp"
         tmp.write_text(step_dir_name(step) + "\n")
         os.replace(tmp, self.dir / POINTER)
@@ -208,14 +232,18 @@ class CheckpointManager:
         self._purge(step)
 
     def _purge(self, newest: int) -> None:
+        """Rank 0, after step ``newest`` completed: apply ``keep_latest_k`` (see the class docstring)."""
         if self.keep_latest_k <= 0:
             return
         dirs = _step_dirs(self.dir)
-        keep = {s for s, p in dirs if is_complete(p)}
-        keep = set(sorted(keep)[-self.keep_latest_k:])
-        for s, p in dirs:  # older complete ones beyond K, and older half-written leftovers
-            if s not in keep and s < newest:
-                shutil.rmtree(p, ignore_errors=True)
+        complete = [s for s, p in dirs if is_complete(p)]
+        keep = {newest, *complete[-self.keep_latest_k:]}
+        resumed = self.resumed_from.resolve() if self.resumed_from is not None else None
+        for s, p in dirs:  # older than this save: complete ones beyond K, and half-written leftovers
+            if s in keep or s > newest or p.resolve() == resumed:
+                continue
+            logger.info("checkpoint.keep_latest_k=%d: removing %s", self.keep_latest_k, p)
+            shutil.rmtree(p, ignore_errors=True)
 
     def _load(self, state: dict[str, tp.Any], path: str | os.PathLike) -> int:
         target = find_latest(self.dir) if str(path) == "latest" else Path(path)
@@ -233,16 +261,17 @@ class CheckpointManager:
         with _single_process_ok():
             dcp.load(sd, checkpoint_id=str(target))
         step = int(sd[TRAIN_STATE]["step"])
+        self.resumed_from = Path(target)
         if _rank() == 0:
             logger.info("restored step %d from %s", step, target)
         return step
 
     def _wait(self) -> None:
         if self._pending is not None:
-            step, fut = self._pending
+            step, target, fut = self._pending
             self._pending = None
             fut.result()
-            self._finalize(step)
+            self._finalize(step, target)
 
     def _close(self) -> None:
         self._wait()

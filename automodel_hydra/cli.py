@@ -1,34 +1,58 @@
 """``automodel-hydra``: operate runs and sweeps after launch.
 
-    automodel-hydra status DIR              one row per job: number, overrides, backend, job id(s), state
-    automodel-hydra logs DIR [JOB]          follow a job's log until the job ends (--no-follow: print and exit)
+    automodel-hydra runs                    past runs and sweeps here: dir, launcher, jobs, states, when
+    automodel-hydra status [DIR]            one row per job: number, overrides, backend, job id(s), state
+    automodel-hydra logs [DIR] [JOB]        follow a job's log until the job ends (--no-follow: print and exit)
     automodel-hydra cancel DIR [JOB]        cancel every job of DIR, or job number JOB
-    automodel-hydra report DIR              final metrics per job, and loss curves in DIR/report/loss.png
+    automodel-hydra report [DIR]            final metrics per job, and loss curves in DIR/report/loss.png
 
 DIR is a run dir (``launch/submission.json``) or a sweep dir (``launch/manifest.json``; without one, its jobs'
-``*/launch/submission.json``). States come from each job's backend (``status(record)``: sacct/squeue for Slurm,
-SkyPilot's job queue, the process and its ``result.json`` locally) and use Slurm's names; a state the backend
-cannot determine is shown as UNKNOWN, never guessed.
+``*/launch/submission.json``). Without DIR: the newest run or sweep under ./outputs and ./multirun (Hydra's
+default output dirs), found by the time its launch record was written. States come from each job's backend
+(``status(record)``: sacct/squeue for Slurm, SkyPilot's job queue, the process and its ``result.json`` locally) and
+use Slurm's names (``automodel_hydra.states.JobState``); a state the backend cannot determine is shown as UNKNOWN,
+never guessed.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import dataclasses
+import datetime
 import json
+import os
 import sys
 import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.states import JobState
+
 Record = dict[str, tp.Any]
 
-_STYLE = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "dim", "FAILED": "bold red", "TIMEOUT": "red",
-          "CANCELLED": "yellow", "PREEMPTED": "yellow", "UNKNOWN": "magenta"}
+_STYLE = {JobState.COMPLETED: "green", JobState.RUNNING: "cyan", JobState.PENDING: "dim",
+          JobState.FAILED: "bold red", JobState.TIMEOUT: "red", JobState.OUT_OF_MEMORY: "red",
+          JobState.NODE_FAIL: "red", JobState.BOOT_FAIL: "red", JobState.DEADLINE: "red",
+          JobState.CANCELLED: "yellow", JobState.PREEMPTED: "yellow", JobState.UNKNOWN: "magenta"}
+
+#: Where runs and sweeps are looked for without a DIR: Hydra's default ``hydra.run.dir`` / ``hydra.sweep.dir`` roots.
+SEARCH_ROOTS = ("outputs", "multirun")
+#: How deep below a search root a run or sweep dir may sit (Hydra's default ``DATE/TIME`` is depth 2).
+SEARCH_DEPTH = 4
 
 
 class CliError(Exception):
     """A mistake the user can fix; printed as one line, exit status 2."""
+
+
+def state_of(text: str) -> JobState:
+    """A backend's state string as a :class:`JobState` (UNKNOWN for anything else)."""
+    try:
+        return JobState(text)
+    except ValueError:
+        return JobState.UNKNOWN
 
 
 # ----------------------------------------------------------------------------------------------- records
@@ -64,11 +88,77 @@ def select(records: list[Record], job: int | None) -> list[Record]:
     return chosen
 
 
-def job_state(record: Record) -> tuple[str, str]:
-    """``(state, note)`` from the job's backend; ``("UNKNOWN", why)`` when the backend cannot tell."""
+def job_state(record: Record) -> tuple[JobState, str]:
+    """``(state, note)`` from the job's backend; ``(UNKNOWN, why)`` when the backend cannot tell."""
     from automodel_hydra.progress import backend_states
 
-    return backend_states([record])[0]
+    info = backend_states([record])[0]
+    return info.state, info.reason
+
+
+# ----------------------------------------------------------------------------------------------- finding runs
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """A run or sweep dir found under a search root; ``mtime`` is when its launch record was last written."""
+
+    path: Path
+    sweep: bool
+    mtime: float
+
+
+def _launch_record(d: Path, sweep: bool) -> float | None:
+    """mtime of ``d``'s launch record (a sweep without a manifest: its newest job record), None without one."""
+    paths = [d / "launch" / "manifest.json", d / "launch" / "submission.json"]
+    if sweep:
+        paths += list(d.glob("*/launch/submission.json"))
+    times = [p.stat().st_mtime for p in paths if p.is_file()]
+    return max(times) if times else None
+
+
+def find_runs(base: str | Path = ".") -> list[RunDir]:
+    """Run and sweep dirs under ``base``/outputs and ``base``/multirun, newest first.
+
+    A bounded walk: it goes at most :data:`SEARCH_DEPTH` levels down and never into a job dir (one with ``.hydra/``
+    or ``launch/``) or a sweep dir (one with Hydra's ``multirun.yaml``), so checkpoints and big output trees are
+    never read. A dir counts when it holds a launch record, i.e. when something was submitted there."""
+    found = []
+    for top in SEARCH_ROOTS:
+        stack = [(Path(base).resolve() / top, 0)]
+        while stack:
+            d, depth = stack.pop()
+            sweep = (d / "multirun.yaml").is_file() or (d / "launch" / "manifest.json").is_file()
+            if sweep or (d / "launch").is_dir() or (d / ".hydra").is_dir():
+                mtime = _launch_record(d, sweep)
+                if mtime is not None:
+                    found.append(RunDir(d, sweep, mtime))
+                continue
+            if depth >= SEARCH_DEPTH:
+                continue
+            try:
+                children = [e for e in os.scandir(d) if e.is_dir() and not e.name.startswith(".")]
+            except OSError:  # missing or unreadable
+                continue
+            stack += [(Path(e.path), depth + 1) for e in children]
+    return sorted(found, key=lambda r: r.mtime, reverse=True)
+
+
+def resolve_dir(arg: str | None) -> Path:
+    """``arg``, or without one the newest run or sweep here (:func:`find_runs`), announced on stderr.
+
+    Raises CliError when there is none."""
+    if arg is not None:
+        return Path(arg)
+    runs = find_runs()
+    if not runs:
+        raise CliError(f"no run or sweep under {Path.cwd() / SEARCH_ROOTS[0]} or {Path.cwd() / SEARCH_ROOTS[1]}; "
+                       "name its DIR (hydra.run.dir / hydra.sweep.dir)")
+    print(f"latest {'sweep' if runs[0].sweep else 'run'}: {runs[0].path}", file=sys.stderr)
+    return runs[0].path
+
+
+# ----------------------------------------------------------------------------------------------- output helpers
 
 
 def _console() -> tp.Any:
@@ -90,6 +180,15 @@ def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
     return shared, {job_num(r): " ".join(o for o in r.get("overrides", []) if o not in common) or "-" for r in records}
 
 
+def varied_keys(records: list[Record]) -> list[str]:
+    """The override keys whose values differ between the jobs (``optim.lr``, ``seed``), in first-seen order; a key
+    that only some jobs set counts as varied."""
+    per_job = [{o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in r.get("overrides", [])}
+               for r in records]
+    keys = list(dict.fromkeys(k for job in per_job for k in job))
+    return [k for k in keys if len({job.get(k) for job in per_job}) > 1]
+
+
 def _table(title: str, shared: list[str]) -> tp.Any:
     from rich.table import Table
     from rich.text import Text
@@ -98,24 +197,80 @@ def _table(title: str, shared: list[str]) -> tp.Any:
     return Table(title=Text(title), title_justify="left", caption=caption, caption_justify="left")
 
 
+def _when(record: Record) -> str:
+    """``submitted_at`` in local time, ``YYYY-MM-DD HH:MM``."""
+    try:
+        t = datetime.datetime.fromisoformat(record["submitted_at"])
+    except (KeyError, TypeError, ValueError):
+        return "-"
+    return t.astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+def summarize_states(states: tp.Iterable[JobState]) -> str:
+    """``"2 COMPLETED, 1 FAILED"`` (most frequent first)."""
+    return ", ".join(f"{n} {s.value}" for s, n in collections.Counter(states).most_common())
+
+
 # ----------------------------------------------------------------------------------------------- commands
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from automodel_hydra.progress import backend_states
+
+    runs = find_runs()[: args.limit or None]
+    if not runs:
+        print(f"no runs or sweeps under {Path.cwd() / SEARCH_ROOTS[0]} or {Path.cwd() / SEARCH_ROOTS[1]}",
+              file=sys.stderr)
+        return 1
+    per_run = []
+    for run in runs:
+        try:
+            per_run.append(load_records(run.path))
+        except (CliError, OSError, ValueError, KeyError):  # a record torn mid-write: list the dir, UNKNOWN state
+            per_run.append([])
+    flat = [r for records in per_run for r in records]
+    states = iter(info.state for info in backend_states(flat))  # one pass: a backend is asked once per listing
+    rows: list[dict[str, tp.Any]] = []
+    for run, records in zip(runs, per_run):
+        job_states = [next(states) for _ in records]
+        rows.append({"dir": os.path.relpath(run.path), "kind": "sweep" if run.sweep else "run",
+                     "launcher": ",".join(sorted({r["backend"] for r in records})) or "-", "jobs": len(records),
+                     "states": {s.value: n for s, n in collections.Counter(job_states).items()},
+                     "when": _when(records[0]) if records else
+                     datetime.datetime.fromtimestamp(run.mtime).strftime("%Y-%m-%d %H:%M")})
+        rows[-1]["_summary"] = summarize_states(job_states) or "-"
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], indent=2))
+        return 0
+    from rich.text import Text
+
+    table = _table(f"{len(rows)} newest run(s)/sweep(s) under {Path.cwd()}", [])
+    for name in ("dir", "kind", "launcher", "jobs", "states", "when"):
+        table.add_column(name, no_wrap=True, justify="right" if name == "jobs" else "left")
+    for r in rows:
+        table.add_row(Text(r["dir"]), r["kind"], r["launcher"], str(r["jobs"]), Text(r["_summary"]), r["when"])
+    _console().print(table)
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from automodel_hydra.progress import backend_states
 
-    records = load_records(args.dir)
+    root = resolve_dir(args.dir)
+    records = load_records(root)
     shared, varying = split_overrides(records)
     rows = []
-    for rec, (state, note) in zip(records, backend_states(records)):
+    for rec, info in zip(records, backend_states(records)):
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
-                     "job_ids": rec.get("job_ids") or [], "state": state, "note": note, "job_dir": rec["job_dir"]})
+                     "job_ids": rec.get("job_ids") or [], "state": info.state.value,
+                     "note": _note(info.state, info.reason),
+                     "job_dir": rec["job_dir"]})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.text import Text  # plain text, never markup: overrides may hold "[...]"
 
-    table = _table(f"{args.dir}: {len(rows)} job(s)", shared)
+    table = _table(f"{root}: {len(rows)} job(s)", shared)
     for name in ("job", "overrides", "backend", "id", "state"):
         table.add_column(name, no_wrap=name != "overrides", justify="right" if name == "job" else "left")
     if any(r["note"] for r in rows):
@@ -123,15 +278,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         cells = [str(r["job"]), varying[r["job"]], r["backend"], ",".join(r["job_ids"]) or "-"]
         notes = [r["note"]] if len(table.columns) > 5 else []
-        table.add_row(*map(Text, cells), Text(r["state"], style=_STYLE[r["state"]]), *map(Text, notes))
+        state = JobState(r["state"])
+        table.add_row(*map(Text, cells), Text(state.value, style=_STYLE.get(state, "")), *map(Text, notes))
     _console().print(table)
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    records = select(load_records(args.dir), args.job)
+    dir_arg, job = args.dir, args.job
+    if dir_arg is not None and job is None and dir_arg.isdigit() and not Path(dir_arg).exists():
+        job = int(dir_arg)  # `automodel-hydra logs 3`: job 3 of the latest sweep
+        dir_arg = None
+    root = resolve_dir(dir_arg)
+    records = select(load_records(root), job)
     if len(records) > 1:
-        raise CliError(f"{args.dir} has {len(records)} jobs; name one: automodel-hydra logs {args.dir} JOB "
+        raise CliError(f"{root} has {len(records)} jobs; name one: automodel-hydra logs {root} JOB "
                        f"(JOB in {', '.join(str(job_num(r)) for r in records)})")
     rec = records[0]
     path = Path(rec.get("log_path") or Path(rec["job_dir"]) / f"{rec['job_name']}.log")
@@ -141,10 +302,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 1.0,
            out: tp.TextIO | None = None) -> int:
     """Print ``path``; when following, keep printing what is appended until the job reaches a final state."""
-    from automodel_hydra.plan import FINISHED
-
     out = out or sys.stdout
-    pos, state, checked = 0, "", 0.0
+    pos, state, checked = 0, None, 0.0
     try:
         while True:
             if path.is_file():
@@ -157,7 +316,7 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
                 if chunk:
                     out.write(chunk.decode(errors="replace"))
                     out.flush()
-            if not follow_ or state in FINISHED:
+            if not follow_ or (state is not None and state.final):
                 break
             if time.monotonic() - checked >= max(poll_s, 2.0):
                 state, checked = job_state(record)[0], time.monotonic()
@@ -166,25 +325,26 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
     except KeyboardInterrupt:
         return 130
     if not path.is_file():
-        print(f"no log yet at {path} (job {job_num(record)}: {state or job_state(record)[0]})", file=sys.stderr)
+        print(f"no log yet at {path} (job {job_num(record)}: {(state or job_state(record)[0]).value})",
+              file=sys.stderr)
         return 1
-    if follow_:
-        print(f"-- job {job_num(record)} ended {state} (log: {path})", file=sys.stderr)
+    if follow_ and state is not None:
+        print(f"-- job {job_num(record)} ended {state.value} (log: {path})", file=sys.stderr)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from automodel_hydra import backends
-    from automodel_hydra.plan import FINISHED
 
-    for rec in select(load_records(args.dir), args.job):
+    for rec in select(load_records(resolve_dir(args.dir)), args.job):
         state, _ = job_state(rec)
         what = f"job {job_num(rec)} ({rec['backend']} {_ids(rec)})"
-        if state in FINISHED:
-            print(f"{what}: already {state}, nothing to cancel")
+        if state.final:
+            print(f"{what}: already {state.value}, nothing to cancel")
             continue
-        backends.get(rec["backend"]).cancel(rec)
-        print(f"{what}: was {state}, cancel requested")
+        impl = backends.get(rec["backend"])
+        impl.cancel([impl.ref_from_record(rec)])
+        print(f"{what}: was {state.value}, cancel requested")
     return 0
 
 
@@ -204,11 +364,35 @@ def read_metrics(job_dir: Path) -> list[dict[str, tp.Any]]:
     return rows
 
 
+@dataclasses.dataclass
+class Curve:
+    """One job's logged losses: every logged step with a finite training loss, and the steps with a validation
+    loss."""
+
+    steps: list[int]
+    losses: list[float]
+    val_steps: list[int]
+    val_losses: list[float]
+
+
+def curve(metrics: list[dict[str, tp.Any]]) -> Curve:
+    """Every row of ``metrics.jsonl`` as a curve (rows whose loss is null, i.e. not finite, are left out)."""
+    train = [(m["step"], m["loss"]) for m in metrics if isinstance(m.get("loss"), (int, float))]
+    val = [(m["step"], m["val_loss"]) for m in metrics if isinstance(m.get("val_loss"), (int, float))]
+    return Curve([s for s, _ in train], [v for _, v in train], [s for s, _ in val], [v for _, v in val])
+
+
+def report_title(root: Path, records: list[Record]) -> str:
+    """Which run or sweep (its dir) and what varied between its jobs."""
+    varied = varied_keys(records)
+    what = f"varied: {', '.join(varied)}" if varied else ("1 job" if len(records) == 1 else "no override varied")
+    return f"{root.resolve()}\n{len(records)} job(s); {what}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    records = load_records(args.dir)
-    out_dir = Path(args.out) if args.out else Path(args.dir) / "report"
+    root = resolve_dir(args.dir)
+    records = load_records(root)
+    out_dir = Path(args.out) if args.out else root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     shared, labels = split_overrides(records)
     rows, curves = [], {}
@@ -218,24 +402,27 @@ def cmd_report(args: argparse.Namespace) -> int:
         result_file = job_dir / "result.json"
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
         last = metrics[-1] if metrics else {}
+        vals = [m["val_loss"] for m in metrics if isinstance(m.get("val_loss"), (int, float))]
         rows.append({"job": job_num(rec), "overrides": labels[job_num(rec)],
                      "completed": bool(result), "step": result.get("step", last.get("step")),
-                     "loss": result.get("loss", last.get("loss")), "val_loss": result.get("val_loss"),
+                     "loss": result.get("loss", last.get("loss")), "val_loss": result.get("val_loss", vals[-1] if vals else None),
                      "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s")),
                      "world_size": result.get("world_size", last.get("world_size"))})
-        if metrics:
-            curves[f"{job_num(rec)}: {labels[job_num(rec)]}"] = ([m["step"] for m in metrics], [m["loss"] for m in metrics])
+        c = curve(metrics)
+        if c.steps or c.val_steps:
+            curves[f"{job_num(rec)}: {labels[job_num(rec)]}"] = c
     csv_path = out_dir / "final_metrics.csv"
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    _print_report(args.dir, rows, shared)
+    _print_report(str(root), rows, shared)
     if not curves:
         print(f"no metrics.jsonl in any job yet; wrote {csv_path}", file=sys.stderr)
         return 1
-    png = plot_losses(curves, out_dir / "loss.png", title=f"{Path(args.dir).resolve().name}: training loss")
-    print(f"wrote {png} and {csv_path}")
+    png = plot_losses(curves, out_dir / "loss.png", title=report_title(root, records))
+    points = write_curves(curves, out_dir / "curves.csv")
+    print(f"wrote {png}, {points} and {csv_path}")
     return 0
 
 
@@ -256,23 +443,44 @@ def _print_report(title: str, rows: list[dict[str, tp.Any]], shared: list[str]) 
     _console().print(table)
 
 
-def plot_losses(curves: dict[str, tuple[list[int], list[float]]], path: Path, title: str) -> Path:
-    """Loss vs step, one line per job, drawn with matplotlib's Agg backend (no display needed)."""
+def write_curves(curves: dict[str, Curve], path: Path) -> Path:
+    """Every plotted point as CSV (``job, step, loss, val_loss``): the numbers behind ``loss.png``."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["job", "step", "loss", "val_loss"])
+        for label, c in curves.items():
+            val = dict(zip(c.val_steps, c.val_losses))
+            train = dict(zip(c.steps, c.losses))
+            for step in sorted(set(train) | set(val)):
+                writer.writerow([label, step, train.get(step, ""), val.get(step, "")])
+    return path
+
+
+def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
+    """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them) and
+    the validation loss where there is one (dashed, square markers). Drawn with matplotlib's Agg backend (no
+    display needed); ``title`` is also stored as the PNG's ``Title`` text."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
-    for label, (steps, losses) in curves.items():
-        ax.plot(steps, losses, label=label, marker="o" if len(steps) <= 20 else None, markersize=3)
-    ax.set(xlabel="step", ylabel="training loss", title=title)
+    fig, ax = plt.subplots(figsize=(10, 6), layout="constrained")
+    for label, c in curves.items():
+        (line,) = ax.plot(c.steps, c.losses, label=label, linewidth=1.2,
+                          marker="o" if len(c.steps) <= 50 else None, markersize=2.5)
+        if c.val_steps:
+            ax.plot(c.val_steps, c.val_losses, linestyle="--", marker="s", markersize=4, color=line.get_color(),
+                    label=f"{label} (validation)")
+    has_val = any(c.val_steps for c in curves.values())
+    ax.set(xlabel="step", ylabel="loss (nats/token)",
+           title=title + ("\ntraining loss (solid), validation loss (dashed)" if has_val else "\ntraining loss"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if len(curves) <= 20:  # beyond that a legend hides the plot; the CSV names every job
         ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Title": title})
     plt.close(fig)
     return path
 
@@ -286,12 +494,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Operate runs and sweeps after launch.\n\n" + usage,
                                      epilog=about.replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"
+    p = sub.add_parser("runs", help="past runs and sweeps under ./outputs and ./multirun, newest first")
+    p.add_argument("--limit", type=int, default=20, help="show at most N (default 20; 0 = all)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_runs)
     p = sub.add_parser("status", help="one row per job with its state from the scheduler")
-    p.add_argument("dir", help="run or sweep dir")
+    p.add_argument("dir", nargs="?", help=latest)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("logs", help="follow a job's log until it ends")
-    p.add_argument("dir", help="run or sweep dir")
+    p.add_argument("dir", nargs="?", help=latest)
     p.add_argument("job", nargs="?", type=int, help="job number (needed when DIR is a sweep of several jobs)")
     p.add_argument("--no-follow", action="store_true", help="print the log and exit")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between reads when following (default 1)")
@@ -301,13 +514,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs="?", type=int, help="job number (default: every job)")
     p.set_defaults(func=cmd_cancel)
     p = sub.add_parser("report", help="final metrics per job and a PNG of loss curves")
-    p.add_argument("dir", help="run or sweep dir")
+    p.add_argument("dir", nargs="?", help=latest)
     p.add_argument("--out", default=None, help="output dir (default: DIR/report)")
     p.set_defaults(func=cmd_report)
     return parser
 
 
+#: squeue(1) REASON codes of a pending job that will not start as submitted (slurm's "JOB REASON CODES").
+NEVER_REASONS = ("PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionNodeLimit", "PartitionTimeLimit",
+                 "ReqNodeNotAvail", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+                 "BadConstraints", "DependencyNeverSatisfied", "JobHeldAdmin", "AssocMaxJobsLimit")
+
+
+def _note(state: JobState, reason: str) -> str:
+    """The scheduler's reason next to a pending job, flagged when it means the job will not start as submitted."""
+    if not reason:
+        return ""
+    if state is JobState.PENDING and reason.startswith(NEVER_REASONS):
+        return f"{reason} (will not start as submitted: fix the request, e.g. partition/account/QOS, and resubmit)"
+    return reason
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0].endswith((".yaml", ".yml")):  # AutoModel's shape: automodel-hydra cfg.yaml [--a.b=c]
+        return launch_file(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -317,6 +548,19 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `automodel-hydra status DIR | head`
         sys.stderr.close()
         return 0
+
+
+def launch_file(path: str, rest: list[str]) -> int:
+    """``automodel-hydra F.yaml [overrides]``: ``python train.py`` on the file, unchanged (:mod:`automodel_hydra.argv`)."""
+    from automodel_hydra import argv
+
+    train_py = Path(__file__).resolve().parents[1] / "train.py"
+    try:
+        args = argv.from_file(path, rest)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.execv(sys.executable, [sys.executable, str(train_py), *args])
 
 
 if __name__ == "__main__":

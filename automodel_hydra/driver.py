@@ -1,18 +1,21 @@
-"""The task function's body on the submitting machine: validate -> plan -> write launch/ -> submit -> wait.
+"""The submitting side of a launch: prepare each Hydra job, then plan, write, submit and wait — in one place.
 
-Runs inside a Hydra job (``python train.py``, or each job of ``-m`` under our launcher plugins). Ranks never run
-this: they run :mod:`automodel_hydra.worker` with the job file written here, so only this process writes
-``.hydra/`` and the job's dirs.
+Two callers, one pipeline (:func:`launch`):
 
-In a sweep our Hydra launchers plan every job first (:func:`collecting`), so a bad value in any job fails before
-the first one is submitted, and then submit them together (one Slurm job array, packed local jobs, one SkyPilot
-job per point) through :func:`execute`.
+* a single run, ``python train.py``: Hydra calls the task function, which calls :func:`run` on its config;
+* a sweep, ``python train.py -m``: our Hydra launcher (``hydra_plugins/automodel_hydra_launcher``) calls
+  :func:`prepare` for each job through the task function's declared interface (:func:`launchable`), then
+  :func:`launch` once for all of them, so a bad value in any job fails before the first one is submitted and
+  the jobs are submitted together (one Slurm job array, packed local jobs, one SkyPilot task per point).
+
+Ranks never run this: they run :mod:`automodel_hydra.worker` with the rank-side spec written here
+(``launch/job.yaml``), so only this process writes ``.hydra/`` and the job's dirs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import copy
+import dataclasses
 import json
 import logging
 import sys
@@ -23,193 +26,286 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, profile
-from automodel_hydra.plan import JobFailedError, JobResult, JobSpec, Plan, Submission, write_plan_files, write_record
+from automodel_hydra import backends, config, profile, yaml11
+from automodel_hydra.plan import (MANIFEST_FILE, Backend, JobFailedError, JobResult, JobSpec, Plan, PreflightError,
+                                  Submission, render_files, write_record)
+from automodel_hydra.schema import ConfigError
+from automodel_hydra.states import JobState
 
 log = logging.getLogger(__name__)
 
-#: Plans collected by a sweep launcher instead of being submitted one by one (None outside a sweep).
-_COLLECTOR: contextvars.ContextVar[list[tuple[Plan, bool]] | None] = contextvars.ContextVar("automodel_plans",
-                                                                                           default=None)
+#: The attribute of a task function our Hydra launchers plan through (set by :func:`launchable`).
+PREPARE_ATTR = "automodel_prepare"
+
+F = tp.TypeVar("F", bound=tp.Callable[..., tp.Any])
 
 
-class Pending:
-    """Stands in for a sweep job's return value until the launcher has run the job."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-
-    def __repr__(self) -> str:
-        return f"Pending({self.plan.job.job_dir})"
+def launchable(task_function: F) -> F:
+    """Declare a Hydra task function launchable by our launchers: they call its ``automodel_prepare(cfg)``
+    (:func:`prepare`) for every job of a sweep instead of running it in this process. ``train.py``'s ``main`` is
+    one; a task function without the mark is refused by our launchers, naming it."""
+    setattr(task_function, PREPARE_ATTR, prepare)
+    return task_function
 
 
-def job_spec_from_hydra() -> JobSpec:
-    """This Hydra job's dir, name, overrides and sweep number."""
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One Hydra job, validated: its config and where it lives. What a sweep's launcher collects per job."""
+
+    cfg: config.TrainConfig
+    job: JobSpec
+    dry_run: bool
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What became of one job: its submission (None on a dry run) and its result (None when not waited for)."""
+
+    prepared: Prepared
+    sub: Submission[tp.Any] | None = None
+    result: JobResult | None = None
+
+    def value(self) -> tp.Any:
+        """The job's final loss for Hydra's sweeper (None when not waited for). Raises JobFailedError otherwise."""
+        if self.result is None or self.sub is None:
+            return None if self.sub is None else {"job_ids": self.sub.ids, "job_dir": str(self.prepared.job.job_dir)}
+        if not self.result.ok:
+            raise JobFailedError(f"{self.sub.plan.backend} job {','.join(self.sub.ids) or self.prepared.job.job_dir}"
+                                 f" ended {self.result.state.value}: {self.result.error or ''} "
+                                 f"(log: {self.sub.log_path})")
+        value = self.result.value
+        return value.get("loss") if isinstance(value, dict) else value
+
+
+# ----------------------------------------------------------------------------------------------- preparing
+
+
+def job_spec_from_hydra(sweep: bool) -> JobSpec:
+    """This Hydra job's dir, name, overrides, sweep number, ``env_set`` and working dir (HydraConfig)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir).resolve()
+    env = OmegaConf.to_container(hc.job.env_set, resolve=True) or {}
+    assert isinstance(env, dict)
     return JobSpec(
-        job_dir=Path(hc.runtime.output_dir).resolve(),
+        job_dir=job_dir,
         job_name=hc.job.name,
         # resolve=False: an override such as '++slurm.env_vars.HF_TOKEN=${HF_TOKEN}' is text, not an interpolation
-        # (edited by the Slurm backend's author: iterating the ListConfig resolved it and failed)
-        overrides=tuple(OmegaConf.to_container(hc.overrides.task, resolve=False)),
-        # a sweep job: Hydra's -m, or any job planned under our sweep launchers' collector
-        job_num=hc.job.num if hc.mode == RunMode.MULTIRUN or _COLLECTOR.get() is not None else None,
+        overrides=tuple(str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False) or []),
+        job_num=hc.job.num if sweep else None,
+        env=tuple((str(k), str(v)) for k, v in env.items()),
+        workdir=job_dir if hc.job.chdir else None,
     )
 
 
-def plan_job(cfg: DictConfig, job: JobSpec | None = None) -> Plan:
-    """Validate ``cfg`` and plan its job; writes ``launch/job.yaml`` and the plan's files, submits nothing.
-
-    Raises ConfigError (naming the key) before anything is written when a value is invalid."""
+def prepare(cfg: DictConfig, sweep: bool = True) -> Prepared:
+    """Validate one job's composed config (inside its Hydra job context). Raises ConfigError naming the key, or an
+    OmegaConf error for an unknown key or wrong type; writes nothing."""
+    job = job_spec_from_hydra(sweep)
+    cfg = copy.deepcopy(cfg)
+    for change in yaml11.restore_text(cfg, yaml11.config_files(), job.overrides):
+        log.info("read as text, not as YAML 1.1's implicit type: %s", change)
     train_cfg = config.load(cfg)
-    job = job or job_spec_from_hydra()
-    limit = train_cfg.slurm.time_minutes if train_cfg.slurm is not None else None
-    warning = profile.long_run_warning(train_cfg.profile.nsys, train_cfg.step_scheduler.max_steps, limit)
-    if warning:
-        log.warning(warning)
-    plan = backends.get(train_cfg.backend).plan(train_cfg, job)
-    if backends.get("interactive").job_running(job.job_dir):  # never rewrite the files of a job still running
-        raise RuntimeError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
+    return Prepared(train_cfg, job, bool(OmegaConf.select(cfg, "dry_run", default=False)))
+
+
+# ----------------------------------------------------------------------------------------------- launching
+
+
+def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[Outcome]:
+    """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
+
+    Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
+    its dir not held by an unfinished job) before any file is written or anything submitted; a dry run stops
+    after writing. Raises ConfigError / PreflightError (one line) for what can be fixed before submitting."""
+    by_backend: dict[str, list[int]] = {}
+    for i, p in enumerate(jobs):
+        by_backend.setdefault(p.cfg.backend, []).append(i)
+    impls = {name: backends.get(name) for name in by_backend}
+    plans: dict[int, Plan[tp.Any]] = {}
+    for name, idx in by_backend.items():
+        impl = impls[name]
+        impl.preflight([jobs[i].cfg for i in idx])
+        for i in idx:
+            config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
+            plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
+        impl.check([plans[i] for i in idx])
+    for p in jobs:
+        refuse_if_busy(p.job)
+        warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
+                                           p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
+        if warning:
+            log.warning(warning)
+    dry = all(p.dry_run for p in jobs)
+    outcomes = [Outcome(p) for p in jobs]
+    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir), idx)
+               for name, idx in by_backend.items()]
+    for p in jobs:  # the rank-side spec; the plan files come with the batches
+        p.job.launch_dir.mkdir(parents=True, exist_ok=True)
+        p.job.job_file.write_text(yaml.safe_dump(config.rank_spec(p.cfg), sort_keys=False))
+    for _, groups, _ in batches:
+        for batch in groups:
+            for path, text in batch.files.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                if path.suffix == ".sh":
+                    path.chmod(0o755)
+    if dry:
+        for _, groups, _ in batches:
+            for batch in groups:
+                print(render_files(batch.files), flush=True)
+        where = sweep_dir or jobs[0].job.job_dir
+        print(f"dry run: wrote {where}; nothing was submitted or started", flush=True)
+        return outcomes
+    subs: dict[Path, Submission[tp.Any]] = {}
+    for name, groups, _ in batches:
+        for batch in groups:
+            for sub in impls[name].submit(batch):
+                subs[sub.plan.job.job_dir] = sub
+                write_record(sub)
+                _announce(sub)
+    for o in outcomes:
+        o.sub = subs[o.prepared.job.job_dir]
+    if sweep_dir is not None:
+        write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None])
+    try:
+        _wait(outcomes, impls)
+    except KeyboardInterrupt:
+        raise Stopped(_stop_summary(outcomes, impls, sweep_dir)) from None
+    return outcomes
+
+
+class Stopped(Exception):
+    """Ctrl-C while waiting: the message says, in one line, what was stopped, what keeps running (with the
+    command that cancels it) and where the newest checkpoint is."""
+
+
+def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
+                  sweep_dir: Path | None) -> str:
+    from automodel_hydra.checkpoint import find_latest
+
+    where = sweep_dir or outcomes[0].prepared.job.job_dir
+    running, stopped = [], []
+    for o in outcomes:
+        if o.sub is None or (o.result is not None and o.result.state.final):
+            continue
+        name = o.prepared.cfg.backend
+        try:
+            (info,) = impls[name].states([o.sub.ref])
+            state = info.state
+        except Exception:  # noqa: BLE001  (the summary must not fail)
+            state = JobState.UNKNOWN
+        (stopped if name == "interactive" or state.final else running).append(o)
+    parts = []
+    if stopped:
+        latest = [find_latest(o.prepared.cfg.checkpoint_dir) for o in stopped if o.prepared.cfg.bundled]
+        ckpt = next((str(p) for p in latest if p is not None), None)
+        parts.append(f"stopped {len(stopped)} local job(s) with a checkpoint"
+                     + (f" (newest: {ckpt})" if ckpt else ""))
+    if running:
+        ids = ",".join(i for o in running if o.sub is not None for i in o.sub.ids)
+        parts.append(f"{len(running)} {running[0].prepared.cfg.backend} job(s) keep running ({ids}): "
+                     f"cancel with automodel-hydra cancel {where}")
+    return "; ".join(parts) or f"stopped waiting (state: automodel-hydra status {where})"
+
+
+def _announce(sub: Submission[tp.Any]) -> None:
+    """Print where a submitted job is, and put the same line at the top of that job's own log."""
+    if not sub.ids:
+        return
+    script = sub.plan.job.launch_dir / next(iter(sub.plan.files))
+    line = f"submitted {sub.plan.backend} job {','.join(sub.ids)}: script {script}, log {sub.log_path}"
+    print(line, flush=True)
+    if sub.plan.job.job_num is not None:
+        with sub.plan.job.log_file.open("a") as f:
+            f.write(line + "\n")
+
+
+def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]]) -> None:
+    from automodel_hydra.progress import sweep_progress
+
+    waited = [o for o in outcomes if o.sub is not None and o.sub.plan.wait]
+    if not waited:
+        return
+    with sweep_progress([o.sub for o in waited if o.sub is not None]):
+        for name, impl in impls.items():
+            mine = [o for o in waited if o.prepared.cfg.backend == name]
+            if mine:
+                for o, result in zip(mine, impl.wait([o.sub for o in mine if o.sub is not None])):
+                    o.result = result
+
+
+def refuse_if_busy(job: JobSpec) -> None:
+    """Refuse a job dir whose earlier job has not finished, on any backend (a pending Slurm job, a SkyPilot job,
+    a local run), before anything in it is rewritten. Raises PreflightError naming the dir, the job and the fix."""
+    from automodel_hydra.backends.interactive import job_running
+
+    if job_running(job.job_dir):
+        raise PreflightError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
                            f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
-    job.launch_dir.mkdir(parents=True, exist_ok=True)
-    job.job_file.write_text(yaml.safe_dump(config.to_dict(train_cfg), sort_keys=False))
-    write_plan_files(plan)
-    return plan
+    try:
+        record = json.loads(job.record_file.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("backend") == "interactive":
+        return  # the run lock above is the whole truth for local jobs
+    impl = backends.get(record["backend"])
+    try:
+        (info,) = impl.states([impl.ref_from_record(record)])
+    except Exception:  # noqa: BLE001  (a scheduler that cannot be asked does not block a new run)
+        return
+    if info.state in (JobState.PENDING, JobState.RUNNING):
+        raise PreflightError(f"{job.job_dir} holds {record['backend']} job {','.join(record.get('job_ids') or [])}, "
+                           f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
+                           f"{job.job_dir}), or choose another hydra.run.dir")
+
+
+def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]]) -> Path:
+    """``launch/manifest.json`` in the sweep dir: one record per job, merged with the records already there (a
+    sweeper may launch a sweep in several batches), for ``automodel-hydra status|logs|cancel|report``."""
+    path = Path(sweep_dir) / "launch" / MANIFEST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jobs: dict[str, dict[str, tp.Any]] = {}
+    if path.exists():
+        try:
+            jobs = {r["job_dir"]: r for r in json.loads(path.read_text())["jobs"]}
+        except (ValueError, KeyError):
+            jobs = {}
+    jobs.update({str(s.plan.job.job_dir): s.record() for s in subs})
+    path.write_text(json.dumps({"jobs": list(jobs.values())}, indent=2) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- single run
 
 
 def run(cfg: DictConfig) -> tp.Any:
-    """``python train.py``: plan this job, then print it (dry run), hand it to the sweep launcher, or submit it.
+    """``python train.py``: prepare this job and launch it; print it (dry run), or submit it and wait when asked.
 
-    Returns the final training loss when the job was waited for, else None. A bad config value exits with a
-    one-line error naming the key (status 2) before anything is written or started."""
+    Returns the final training loss when the job was waited for, else None. A bad value exits with one line
+    naming the key (status 2) before anything is written or started; a job that fails exits with status 1."""
     try:
-        plan = plan_job(cfg)
-    except (ValueError, RuntimeError, OmegaConfBaseException) as e:  # ConfigError is a ValueError
-        fail(str(e).splitlines()[0] if isinstance(e, config.ConfigError) else str(e))
-    collector = _COLLECTOR.get()
-    # issue 7: select, not cfg.dry_run: a plain AutoModel-style config (no defaults list) has no dry_run key
-    if OmegaConf.select(cfg, "dry_run", default=False):
-        print(plan.render())
-        print(f"dry run: wrote {plan.job.launch_dir}; nothing was submitted or started", flush=True)
-        if collector is not None:  # the sweep's own plan (e.g. one Slurm array) is written by the launcher
-            collector.append((plan, True))
-        return None
-    if collector is not None:
-        collector.append((plan, False))
-        return Pending(plan)
-    try:
-        (sub,) = submit([plan])
-        if not should_wait(plan):
-            return None
-        (result,) = backends.get(plan.backend).wait([sub])
-        return value_or_raise(sub, result)
-    except (JobFailedError, RuntimeError, OSError) as e:  # the job's own output above says the rest
+        prepared = prepare(cfg, sweep=False)
+        print(f"run dir: {prepared.job.job_dir}", flush=True)
+        (outcome,) = launch([prepared])
+    except Stopped as e:
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    except (ConfigError, PreflightError, OmegaConfBaseException, ValueError) as e:
+        fail(str(e).splitlines()[0] if isinstance(e, ConfigError) else str(e))
+    except (JobFailedError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-
-
-def should_wait(plan: Plan) -> bool:
-    """Interactive jobs always run in the foreground; Slurm and SkyPilot say so in their payload."""
-    return bool(getattr(plan.payload, "wait", True))
-
-
-def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
-    """Submit plans of one backend together; save each job's record and print where to look."""
-    for plan in plans:  # a result left by an earlier run in the same dir must not stand for this one
-        (plan.job.job_dir / "result.json").unlink(missing_ok=True)
-    subs = backends.get(plans[0].backend).submit(plans)
-    for sub in subs:
-        write_record(sub)
-        if sub.ids:
-            script = sub.plan.job.launch_dir / next(iter(sub.plan.files))
-            print(f"submitted {sub.plan.backend} job {','.join(sub.ids)}: script {script}, log {sub.log_path}",
-                  flush=True)
-    return subs
-
-
-def value_or_raise(sub: Submission, result: JobResult) -> tp.Any:
-    """The job's final loss, or JobFailedError with its state, ids and log path."""
-    if not result.ok:
-        raise JobFailedError(f"{sub.plan.backend} job {','.join(sub.ids) or sub.plan.job.job_dir} ended "
-                             f"{result.state}: {result.error or ''} (log: {sub.log_path})")
-    return result.value.get("loss") if isinstance(result.value, dict) else result.value
-
-
-@contextlib.contextmanager
-def collecting() -> tp.Iterator[list[tuple[Plan, bool]]]:
-    """Within this block, :func:`run` collects ``(plan, dry_run)`` instead of submitting (sweep launchers)."""
-    plans: list[tuple[Plan, bool]] = []
-    token = _COLLECTOR.set(plans)
     try:
-        yield plans
-    finally:
-        _COLLECTOR.reset(token)
-
-
-def group_plans(plans: tp.Sequence[Plan]) -> list[list[Plan]]:
-    """Plans that can be submitted together: same backend and same launch-wide options (``group_key``)."""
-    groups: dict[tp.Hashable, list[Plan]] = {}
-    for p in plans:
-        groups.setdefault((p.backend, p.group_key), []).append(p)
-    return list(groups.values())
-
-
-def write_sweep_files(plans: tp.Sequence[Plan], sweep_dir: Path, echo: bool) -> None:
-    """Write the sweep-level plan of each group under ``<sweep_dir>/launch/`` (e.g. the Slurm array script),
-    for backends that have one (``sweep_files(plans, sweep_dir) -> {name: text}``)."""
-    for group in group_plans(plans):
-        make = getattr(backends.get(group[0].backend), "sweep_files", None)
-        if make is None:
-            continue
-        launch = Path(sweep_dir) / "launch"
-        launch.mkdir(parents=True, exist_ok=True)
-        for name, text in make(group, Path(sweep_dir)).items():
-            (launch / name).write_text(text)
-            if echo:
-                print(f"# ---- {launch / name}\n{text.rstrip()}\n", flush=True)
-
-
-def execute(plans: tp.Sequence[Plan], sweep_dir: Path) -> dict[Path, tuple[Submission, JobResult | None]]:
-    """Submit a sweep's collected plans, grouped by backend and shared options; wait where the plans say so.
-
-    Writes ``<sweep_dir>/launch/manifest.json`` (backend, job ids, overrides, output dirs) once all are
-    submitted. Returns job dir -> (submission, result or None when not waited for)."""
-    subs: list[Submission] = []
-    for group in group_plans(plans):
-        subs += submit(group)
-    write_manifest(sweep_dir, subs)
-    out: dict[Path, tuple[Submission, JobResult | None]] = {}
-    from automodel_hydra.progress import sweep_progress  # issue 6: jobs submitted/running/done while waiting
-
-    with sweep_progress([s for s in subs if should_wait(s.plan)]):
-        for group_subs in _by_backend(subs):
-            waited = [s for s in group_subs if should_wait(s.plan)]
-            results = backends.get(group_subs[0].plan.backend).wait(waited) if waited else []
-            by_dir = {s.plan.job.job_dir: r for s, r in zip(waited, results)}
-            for s in group_subs:
-                out[s.plan.job.job_dir] = (s, by_dir.get(s.plan.job.job_dir))
-    return out
-
-
-def _by_backend(subs: tp.Sequence[Submission]) -> list[list[Submission]]:
-    groups: dict[str, list[Submission]] = {}
-    for s in subs:
-        groups.setdefault(s.plan.backend, []).append(s)
-    return list(groups.values())
-
-
-def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission]) -> Path:
-    """``launch/manifest.json`` in the sweep dir: one record per job, for ``automodel-hydra status|logs|cancel``."""
-    path = Path(sweep_dir) / "launch" / "manifest.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"jobs": [s.record() for s in subs]}, indent=2) + "\n")
-    return path
+        return outcome.value()
+    except JobFailedError as e:  # the job's own output above says the rest
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def fail(message: str) -> tp.NoReturn:
     """Exit with a one-line error (no traceback) for mistakes the user can fix."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+

@@ -1,12 +1,17 @@
-"""``metrics.jsonl`` (one JSON object per logged step, rank 0) and a progress display.
+"""``metrics.jsonl`` (one JSON object per logged step, rank 0) and progress lines in the job log.
 
-The progress display is a ``rich`` progress bar when stdout is a terminal, and one plain line per logged step
-otherwise, so Slurm output files stay readable.
+Every logged step also becomes one progress line, ``step N/M  loss L  lr R  T tok/s`` (and ``val_loss V`` when
+there is one), logged by rank 0 through the ``automodel_hydra.metrics`` logger at INFO. The worker's logging setup
+sends rank 0's INFO records to stderr and appends them to the job log (``<output_dir>/<job_name>.log``), so
+``automodel-hydra logs`` shows training progress on every launcher, and Slurm output files stay readable. When
+stdout is a terminal a ``rich`` progress bar shows the same numbers there instead, and the line goes only to the
+log files (the root logger's ``logging.FileHandler``s), so the bar is not torn by log lines.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -15,6 +20,8 @@ import typing as tp
 from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
+
+logger = logging.getLogger(__name__)
 
 
 def truncate_after(path: str | os.PathLike, step: int) -> int:
@@ -71,7 +78,7 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         truncate_after(self.path, start_step)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  (closed by close())
         if sys.stdout.isatty() if tty is None else tty:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -91,10 +98,14 @@ class MetricsLogger:
         self._file.write(json.dumps({k: _json_safe(v) for k, v in record.items()}) + "\n")
         self._file.flush()
         info = f"loss {loss:.4f}  lr {lr:.2e}  {tokens_per_s:,.0f} tok/s"
+        if isinstance(extra.get("val_loss"), float):
+            info += f"  val_loss {extra['val_loss']:.4f}"
+        line = f"step {step}/{self.max_steps}  {info}"
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=info)
+            self._progress.update(tp.cast(tp.Any, self._task), completed=step, info=info)
+            to_log_files(line)
         else:
-            print(f"step {step}/{self.max_steps}  {info}", flush=True)
+            logger.info(line)
         return record
 
     def close(self) -> None:
@@ -105,3 +116,12 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def to_log_files(message: str, level: int = logging.INFO) -> None:
+    """Hand ``message`` as a record of this module's logger to the root logger's file handlers only (the job log),
+    not to its console handlers."""
+    record = logger.makeRecord(logger.name, level, __file__, 0, message, (), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and level >= handler.level:
+            handler.handle(record)

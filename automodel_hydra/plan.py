@@ -1,38 +1,62 @@
-"""What planning produces and submitting consumes: pure data, no side effects.
+"""The backend contract: what planning produces, what submitting consumes, and the one interface every backend
+implements (:class:`Backend`).
 
-Every backend module (``automodel_hydra/backends/{interactive,slurm,skypilot}.py``) has the same shape:
+A launch goes through these steps, in this order, for one job or a whole sweep (:mod:`automodel_hydra.driver`):
 
-* ``plan(cfg: TrainConfig, job: JobSpec) -> Plan`` — pure: config in, the exact files to write and run out;
-* ``submit(plans: Sequence[Plan]) -> list[Submission]`` — the side effect: start or submit the planned jobs;
-* ``wait(subs: Sequence[Submission]) -> list[JobResult]`` — block until they end and collect their results;
-* ``status(record: dict) -> str`` and ``cancel(record: dict) -> None`` — operate on a saved submission record.
+1. ``preflight(cfgs)`` — every check that needs this machine (a mount source, a variable of the submitting
+   shell, a cluster limit); a dry run runs it too. Facts it reads (``MaxArraySize``, the devices here) are kept
+   on the backend instance for planning.
+2. ``plan(cfg, job) -> Plan`` — pure: config in, the exact files and a typed request out; no cloud SDK import,
+   no subprocess, no filesystem read. ``check(plans)`` then runs what needs the planned result and an SDK
+   (SkyPilot's own schema).
+3. ``batches(plans, sweep_dir) -> [Batch]`` — pure: the plans grouped the way they are submitted (one Slurm job
+   array per group of shared options; one torchrun group or SkyPilot task per job), with every file the launch
+   leaves behind rendered once. The driver writes them; a dry run stops here.
+4. ``submit(batch) -> [Submission]`` — the side effect; writes nothing that planning wrote, so a dry run and a
+   real run leave byte-identical launch files.
+5. ``wait(subs)``, ``states(refs)`` (batched: one scheduler query for any number of jobs), ``cancel(refs)``.
 
-The driver writes ``plan.files`` under the job's ``launch/`` dir before ``submit`` is called, so a dry run and a
-real run leave the same files behind.
+Job references are typed per backend (a Slurm job id, a SkyPilot managed job or cluster job, a local job dir)
+and saved as ``launch/submission.json``; ``ref_from_record`` reads them back for ``automodel-hydra``.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime
 import json
 import typing as tp
 from pathlib import Path
 
-#: Slurm's job state names, used by every backend (``automodel-hydra status``).
-STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "UNKNOWN")
-#: States after which a job never runs again.
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+from automodel_hydra.states import JobState, StateInfo
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
+
+#: The file rank 0 writes when a job completes (its final metrics); its presence means "completed".
+RESULT_FILE = "result.json"
+#: The job's submission record, and a sweep's list of them.
+RECORD_FILE = "submission.json"
+MANIFEST_FILE = "manifest.json"
+
+RequestT = tp.TypeVar("RequestT")
+RefT = tp.TypeVar("RefT")
 
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
-    """One Hydra job: where it lives and how its ranks find their config. All paths are absolute."""
+    """One Hydra job: where it lives, how its ranks find their config, and what Hydra asks of its environment.
+
+    All paths are absolute. ``env`` is Hydra's ``hydra.job.env_set`` (every rank gets it); ``workdir`` is where
+    ranks start (the job dir under ``hydra.job.chdir=true``, else the launching dir)."""
 
     job_dir: Path
     job_name: str
     overrides: tuple[str, ...] = ()
     job_num: int | None = None  # position in a sweep; None for a single run
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: Path | None = None
     project_root: Path = Path(__file__).resolve().parents[1]
 
     @property
@@ -41,7 +65,7 @@ class JobSpec:
 
     @property
     def job_file(self) -> Path:
-        """The validated, resolved config every rank reads (``launch/job.yaml``)."""
+        """The rank-side spec every rank reads (``launch/job.yaml``)."""
         return self.launch_dir / "job.yaml"
 
     @property
@@ -49,43 +73,77 @@ class JobSpec:
         """The job log (Hydra's ``<job_name>.log``); rank 0 appends to it."""
         return self.job_dir / f"{self.job_name}.log"
 
+    @property
+    def result_file(self) -> Path:
+        return self.job_dir / RESULT_FILE
+
+    @property
+    def record_file(self) -> Path:
+        return self.launch_dir / RECORD_FILE
+
 
 def worker_argv(job: JobSpec, python: str = "python") -> list[str]:
-    """The command every rank runs: ``python -m automodel_hydra.worker <job.yaml> --log-file <log>``."""
+    """The command every rank runs: ``python -u -m automodel_hydra.worker <job.yaml> --log-file <log>``."""
     return [python, "-u", "-m", "automodel_hydra.worker", str(job.job_file), "--log-file", str(job.log_file)]
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """A planned job: the files that describe it exactly and the backend's private submit payload."""
+class Plan(tp.Generic[RequestT]):
+    """A planned job: its files under ``launch/`` and the backend's typed request."""
 
     backend: str
     job: JobSpec
     #: file name under ``launch/`` -> text, e.g. ``{"sbatch.sh": ...}`` or ``{"sky_task.yaml": ...}``
     files: tp.Mapping[str, str]
-    #: backend-specific data ``submit`` needs (argv and env, submitit parameters, a SkyPilot task dict)
-    payload: tp.Any = None
+    request: RequestT
+    #: whether the launching command waits for the job (interactive: always; Slurm/SkyPilot: as configured)
+    wait: bool = True
     #: options of the whole launch that jobs must share to be submitted together (e.g. array parallelism)
     group_key: tp.Hashable = None
 
     def render(self) -> str:
-        """Every planned file, each under a ``# launch/<name>`` header (what a dry run prints)."""
-        return "\n".join(f"# ---- {self.job.launch_dir / name}\n{text.rstrip()}\n" for name, text in self.files.items())
+        """Every planned file, each under a ``# ---- <path>`` header (what a dry run prints)."""
+        return render_files({self.job.launch_dir / name: text for name, text in self.files.items()})
+
+
+def render_files(files: tp.Mapping[Path, str]) -> str:
+    return "\n".join(f"# ---- {path}\n{text.rstrip()}\n" for path, text in files.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch(tp.Generic[RequestT]):
+    """Plans submitted in one call (one job, or a Slurm job array) and every file the launch writes for them."""
+
+    plans: tuple[Plan[RequestT], ...]
+    #: absolute path -> text: each job's launch files, plus the batch's own (e.g. the sweep's array script)
+    files: tp.Mapping[Path, str]
+
+
+def job_batch(plan: Plan[RequestT]) -> Batch[RequestT]:
+    """The batch of one job: its own launch files."""
+    return Batch((plan,), {plan.job.launch_dir / name: text for name, text in plan.files.items()})
 
 
 @dataclasses.dataclass
-class Submission:
-    """A submitted or started job. ``ids`` are the scheduler's ids (Slurm job ids, SkyPilot job ids, pids)."""
+class Submission(tp.Generic[RefT]):
+    """A submitted or started job and the backend's typed reference to it."""
 
-    plan: Plan
-    ids: list[str]
+    plan: Plan[tp.Any]
+    ref: RefT
     log_path: str | None = None
-    handle: tp.Any = None  # in-memory handle (Popen, submitit Job, SkyPilot request); not saved
+
+    @property
+    def ids(self) -> list[str]:
+        """The scheduler's ids, for people: Slurm job ids, SkyPilot job ids, local pids."""
+        ids = getattr(self.ref, "ids", None)
+        return list(ids) if ids else []
 
     def record(self) -> dict[str, tp.Any]:
-        """The small JSON record saved as ``launch/submission.json``: backend, ids, overrides, time, paths."""
+        """The JSON record saved as ``launch/submission.json``: backend, typed reference, overrides, paths."""
+        ref = dataclasses.asdict(self.ref) if dataclasses.is_dataclass(self.ref) else {}  # type: ignore[arg-type]
         return {
             "backend": self.plan.backend,
+            "ref": ref,
             "job_ids": self.ids,
             "job_name": self.plan.job.job_name,
             "job_num": self.plan.job.job_num,
@@ -99,36 +157,86 @@ class Submission:
 
 @dataclasses.dataclass
 class JobResult:
-    """How a job ended. ``value`` is the recipe's final metrics (rank 0) when it completed."""
+    """How a job ended. ``value`` is the recipe's final metrics (rank 0's ``result.json``) when it completed."""
 
-    state: str
+    state: JobState
     value: tp.Any = None
     error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.state == "COMPLETED"
+        return self.state.ok
 
 
 class JobFailedError(RuntimeError):
     """A launched job ended in a state other than COMPLETED; the message has its state, ids and log path."""
 
 
-def write_plan_files(plan: Plan) -> list[Path]:
-    """Write ``plan.files`` under ``launch/`` (the only file I/O of planning). Returns the paths written."""
-    plan.job.launch_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in plan.files.items():
-        path = plan.job.launch_dir / name
-        path.write_text(text)
-        if name.endswith(".sh"):
-            path.chmod(0o755)
-        paths.append(path)
-    return paths
+class PreflightError(RuntimeError):
+    """This machine cannot submit the planned jobs (a tool, a file or a variable is missing); one line saying
+    what is missing and how to fix it."""
 
 
-def write_record(sub: Submission) -> Path:
+class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
+    """One launcher backend. Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``,
+    ``backends.skypilot.SkyPilot``; :func:`automodel_hydra.backends.get` returns one by name."""
+
+    #: the backend's name, as in ``launch/submission.json`` and ``launcher=NAME``
+    name: tp.ClassVar[str]
+
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:  # noqa: B027  (optional hook: nothing to check)
+        """Checks that need this machine, for every job about to be planned; keeps facts planning needs on
+        ``self``. Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from here."""
+
+    @abc.abstractmethod
+    def world_size(self, cfg: TrainConfig) -> int:
+        """How many ranks the job runs (for the rules of :func:`automodel_hydra.config.check_world`)."""
+
+    @abc.abstractmethod
+    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[RequestT]:
+        """Plan one job (pure). Raises ConfigError naming the key when a value cannot be planned."""
+
+    def check(self, plans: tp.Sequence[Plan[RequestT]]) -> None:  # noqa: B027  (optional hook)
+        """Checks of the planned jobs that need this machine or the backend's SDK (SkyPilot's own task schema);
+        run before anything is written. Raises an error naming the field."""
+
+    def batches(self, plans: tp.Sequence[Plan[RequestT]], sweep_dir: Path | None) -> list[Batch[RequestT]]:
+        """Group plans the way they are submitted (pure); default: one batch per job."""
+        return [job_batch(p) for p in plans]
+
+    @abc.abstractmethod
+    def submit(self, batch: Batch[RequestT]) -> list[Submission[RefT]]:
+        """Submit or start one batch; returns one submission per plan, in order, without waiting."""
+
+    @abc.abstractmethod
+    def wait(self, subs: tp.Sequence[Submission[RefT]]) -> list[JobResult]:
+        """Block until every job has a final state; one result per submission, in order."""
+
+    @abc.abstractmethod
+    def states(self, refs: tp.Sequence[RefT]) -> list[StateInfo]:
+        """Current state of each job, with one scheduler query for all of them where the scheduler allows."""
+
+    @abc.abstractmethod
+    def cancel(self, refs: tp.Sequence[RefT]) -> None:
+        """Cancel these jobs (a user's stop: they end CANCELLED and are not requeued)."""
+
+    @abc.abstractmethod
+    def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> RefT:
+        """The typed reference saved in a submission record."""
+
+
+def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
+    """Rank 0's final metrics (``result.json``), or None when the job has not completed."""
+    try:
+        value = json.loads(job.result_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def write_record(sub: Submission[tp.Any]) -> Path:
     """Save ``sub.record()`` as ``launch/submission.json``."""
-    path = sub.plan.job.launch_dir / "submission.json"
+    path = sub.plan.job.record_file
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(sub.record(), indent=2) + "\n")
     return path

@@ -7,9 +7,11 @@ hostname, ``%q{VAR}`` = an environment variable of the profiled process; "nsys p
 
 from __future__ import annotations
 
+import typing as tp
 from pathlib import Path
 
-from automodel_hydra.config import NsysConfig
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import NsysConfig
 
 
 def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_var: str = "RANK") -> list[str]:
@@ -30,17 +32,19 @@ def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_va
     return argv + list(nsys.extra_args)
 
 
-#: Profiled runs longer than this many steps get a warning: nsys adds overhead and large reports.
-LONG_PROFILED_RUN_STEPS = 200
-
-
-def nsys_check_lines(nsys: NsysConfig) -> list[str]:
-    """Shell lines that stop the job at start with a clear error when ``nsys`` is not on PATH where it runs."""
+def nsys_check_lines(nsys: NsysConfig, log_file: str) -> list[str]:
+    """Shell lines that stop the job at start with a clear error when ``nsys`` is not on PATH where it runs; the
+    error goes to stderr and to the job log ``log_file`` (a bash word: quoted, or a ``"$VAR"/...`` expression), so
+    ``automodel-hydra logs`` shows it too."""
     if not nsys.enabled:
         return []
-    return ['command -v nsys >/dev/null 2>&1 || { echo "error: profile.nsys.enabled=true (profile=nsys) but nsys '
-            '(Nsight Systems) is not on PATH on $(hostname): install Nsight Systems or load its module '
-            '(e.g. module load nsight-systems)" >&2; exit 127; }']
+    message = ('"error: profile.nsys.enabled=true (profile=nsys) but nsys (Nsight Systems) is not on PATH on '
+               '$(hostname): install Nsight Systems or load its module (e.g. module load nsight-systems)"')
+    return [f"command -v nsys >/dev/null 2>&1 || {{ echo {message} | tee -a {log_file} >&2; exit 127; }}"]
+
+
+#: Profiled runs longer than this many steps get a warning: nsys adds overhead and large reports.
+LONG_PROFILED_RUN_STEPS = 200
 
 
 def long_run_warning(nsys: NsysConfig, max_steps: int, time_limit_min: int | None = None) -> str | None:

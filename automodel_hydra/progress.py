@@ -16,6 +16,8 @@ import threading
 import time
 import typing as tp
 
+from automodel_hydra.states import JobState, StateInfo
+
 if tp.TYPE_CHECKING:
     from automodel_hydra.plan import Submission
 
@@ -24,57 +26,44 @@ POLL_S = {"interactive": 1.0}
 DEFAULT_POLL_S = 15.0
 
 
-def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[tuple[str, str]]:
-    """``(state, note)`` per submission record, from the record's backend: one ``statuses(records)`` call per
-    backend where the backend offers one (e.g. one sacct call for a whole array), else ``status(record)`` per job.
-    A state the backend cannot give is ``("UNKNOWN", why)``; never an error."""
+def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
+    """The state of each submission record, from the record's backend: one ``states`` call per backend (one
+    sacct call for a whole Slurm array). A state the backend cannot give is UNKNOWN with the reason; never an
+    error."""
     from automodel_hydra import backends
-    from automodel_hydra.plan import STATES
 
-    out: list[tuple[str, str]] = [("UNKNOWN", "")] * len(records)
+    out = [StateInfo(JobState.UNKNOWN)] * len(records)
     by_backend: dict[str, list[int]] = {}
     for i, rec in enumerate(records):
         by_backend.setdefault(rec["backend"], []).append(i)
     for name, idx in by_backend.items():
         try:
-            module = backends.get(name)
-            batch = getattr(module, "statuses", None)
-            states = batch([records[i] for i in idx]) if batch else [_one(module, records[i]) for i in idx]
+            impl = backends.get(name)
+            infos = impl.states([impl.ref_from_record(records[i]) for i in idx])
         except Exception as e:  # noqa: BLE001  (a scheduler that cannot be asked is reported, not fatal)
-            states = [e] * len(idx)
-        for i, state in zip(idx, states):
-            if isinstance(state, Exception):
-                out[i] = ("UNKNOWN", f"{type(state).__name__}: {state}".splitlines()[0][:160])
-            else:
-                out[i] = (state, "") if state in STATES else ("UNKNOWN", f"backend reported {state!r}")
+            infos = [StateInfo(JobState.UNKNOWN, f"{type(e).__name__}: {e}".splitlines()[0][:160])] * len(idx)
+        for i, info in zip(idx, infos):
+            out[i] = info
     return out
 
 
-def _one(module: tp.Any, record: dict[str, tp.Any]) -> str | Exception:
-    try:
-        return module.status(record)
-    except Exception as e:  # noqa: BLE001
-        return e
-
-
-def job_states(subs: tp.Sequence[Submission]) -> list[str]:
+def job_states(subs: tp.Sequence[Submission[tp.Any]]) -> list[JobState]:
     """Each submitted job's state (see :func:`backend_states`)."""
-    return [state for state, _ in backend_states([s.record() for s in subs])]
+    return [info.state for info in backend_states([s.record() for s in subs])]
 
 
-def summarize(states: tp.Sequence[str]) -> str:
+def summarize(states: tp.Sequence[JobState]) -> str:
     """``"4 jobs submitted: 1 pending, 2 running, 1 done (1 COMPLETED)"``."""
-    from automodel_hydra.plan import FINISHED
-
     count = collections.Counter(states)
-    done = {s: n for s, n in sorted(count.items()) if s in FINISHED}
-    parts = [f"{count[s]} {s.lower()}" for s in ("PENDING", "RUNNING", "PREEMPTED", "UNKNOWN") if count[s]]
+    done = {s.value: n for s, n in sorted(count.items(), key=lambda kv: kv[0].value) if s.final}
+    parts = [f"{count[s]} {s.value.lower()}" for s in (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN)
+             if count[s]]
     parts.append(f"{sum(done.values())} done" + (f" ({', '.join(f'{n} {s}' for s, n in done.items())})" if done else ""))
     return f"{len(states)} jobs submitted: " + ", ".join(parts)
 
 
 @contextlib.contextmanager
-def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
+def sweep_progress(subs: tp.Sequence[Submission[tp.Any]], *, tty: bool | None = None,
                    poll_s: float | None = None) -> tp.Iterator[None]:
     """Show the progress of ``subs`` until the block exits (a no-op for fewer than two jobs: a single job's own
     output is its progress).
@@ -89,8 +78,6 @@ def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
     if len(subs) < 2:
         yield
         return
-    from automodel_hydra.plan import FINISHED
-
     tty = sys.stderr.isatty() if tty is None else tty
     poll_s = poll_s if poll_s is not None else POLL_S.get(subs[0].plan.backend, DEFAULT_POLL_S)
     stop = threading.Event()
@@ -106,13 +93,13 @@ def sweep_progress(subs: tp.Sequence[Submission], *, tty: bool | None = None,
 
     last = [""]
 
-    def show(states: list[str]) -> None:
+    def show(states: list[JobState]) -> None:
         text = summarize(states)
         if text == last[0]:
             return
         last[0] = text
-        if progress is not None:
-            progress.update(task, completed=sum(s in FINISHED for s in states), description=text)
+        if progress is not None and task is not None:
+            progress.update(task, completed=sum(s.final for s in states), description=text)
         else:
             print(f"sweep: {text}", file=sys.stderr, flush=True)
 

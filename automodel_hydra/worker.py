@@ -3,11 +3,20 @@
 Reads the job's validated config (``launch/job.yaml``, written by the driver), initialises torch.distributed from
 the launcher's environment (:mod:`automodel_hydra.bootstrap`), runs the recipe, and tears down.
 
-Signals: SIGUSR2 (Slurm's time-limit warning, ``sbatch --signal=USR2@N``, or ``scancel --signal=USR2``) and
-SIGTERM (preemption, Ctrl-C of torchrun) only set a flag; the recipe agrees on it across ranks at the next step
-boundary, every rank checkpoints that same step, and the job exits. Under Slurm, rank 0 then requeues the job
-(``scontrol requeue``, at most ``AUTOMODEL_MAX_REQUEUES`` times, counted by ``SLURM_RESTART_COUNT``) and the
-requeued job resumes from that checkpoint by itself (``restore_from.path: latest``).
+Signals (the rule and its sources: docs/slurm.md, "Signals"). SIGUSR2 and SIGTERM only set a flag, installed
+before anything heavy is imported (SIGUSR2's default action would kill a rank that is still importing torch); the
+recipe agrees on it across ranks at the next step boundary, every rank checkpoints that same step, and then:
+
+* SIGUSR2 is the time-limit warning (``sbatch --signal=USR2@N``; also ``scancel --signal=USR2``): under Slurm,
+  rank 0 requeues the job (``scontrol requeue``, at most ``AUTOMODEL_MAX_REQUEUES`` restarts, counted by
+  ``SLURM_RESTART_COUNT``) and the requeued job resumes from that checkpoint by itself
+  (``restore_from.path: latest``). Unless the job is being preempted (``scontrol show job``: PreemptTime set;
+  sites with ``preempt_send_user_signal`` send the job's signal at preemption): then the ranks wait for Slurm's
+  SIGTERM at the end of the grace time, so that the site's PreemptMode applies.
+* SIGTERM means the job is being ended by someone else: ``scancel``, a preemption, the time limit itself, a node
+  shutdown, torchrun stopping its workers. The worker checkpoints and exits; it never requeues. Slurm then does
+  what the site and the user asked: a cancelled job stays CANCELLED, a job preempted under PreemptMode=REQUEUE
+  is requeued by Slurm (and resumes), under PreemptMode=CANCEL it ends PREEMPTED.
 """
 
 from __future__ import annotations
@@ -17,15 +26,13 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import typing as tp
 from pathlib import Path
-
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from automodel_hydra.bootstrap import DistEnv, init_distributed
 
 log = logging.getLogger("automodel_hydra.worker")
 
@@ -34,11 +41,21 @@ EXIT_STOPPED = 143
 
 
 class StopFlag:
-    """Set by SIGUSR2/SIGTERM; read by the recipe at step boundaries. Installing it replaces earlier handlers
+    """Records SIGUSR2/SIGTERM; read by the recipe at step boundaries. Installing it replaces earlier handlers
     (submitit's included, whose rank-0-only checkpoint cannot coordinate a distributed save)."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.signals: list[int] = []  # in arrival order, each once
+
+    @property
+    def signum(self) -> int | None:
+        """The first stop signal that arrived, or None."""
+        return self.signals[0] if self.signals else None
+
+    @property
+    def terminated(self) -> bool:
+        """Whether SIGTERM arrived: the job is being ended by someone else, and must not requeue itself."""
+        return signal.SIGTERM in self.signals
 
     def install(self, signums: tp.Iterable[int] = (signal.SIGUSR2, signal.SIGTERM)) -> StopFlag:
         for s in signums:
@@ -46,18 +63,21 @@ class StopFlag:
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is None:
+        if not self.signals:
             log.warning("caught %s: checkpointing at the next step boundary", signal.Signals(signum).name)
-        self.signum = signum
+        elif signum not in self.signals:
+            log.warning("caught %s as well", signal.Signals(signum).name)
+        if signum not in self.signals:
+            self.signals.append(signum)
 
     def __call__(self) -> bool:
-        return self.signum is not None
+        return bool(self.signals)
 
 
 def stop_when_parent_dies(signum: int = signal.SIGTERM) -> None:
     """Have the kernel send ``signum`` to this rank when its parent dies (Linux ``PR_SET_PDEATHSIG``).
 
-    issue 7: torchrun starts every rank in a session of its own, so when the agent is killed outright (SIGKILL, the
+    torchrun starts every rank in a session of its own, so when the agent is killed outright (SIGKILL, the
     OOM killer) nothing stops the ranks: they trained on unattended, writing into the run dir while a rerun started.
     With SIGTERM as the death signal they checkpoint at the next step boundary and exit, as on any stop signal."""
     if not sys.platform.startswith("linux"):
@@ -93,10 +113,68 @@ def slurm_requeue_target(environ: tp.Mapping[str, str]) -> str:
 
 
 def requeues_left(environ: tp.Mapping[str, str] = os.environ) -> bool:
-    """Whether this Slurm job may be requeued once more (the same answer on every rank)."""
+    """Whether this Slurm job may be requeued once more (the same answer on every rank).
+
+    ``SLURM_RESTART_COUNT`` counts every restart, Slurm's own requeues after a preemption or node failure
+    included, so ``AUTOMODEL_MAX_REQUEUES`` bounds the job's restarts of any cause."""
     if "SLURM_JOB_ID" not in environ:
         return False
     return int(environ.get("SLURM_RESTART_COUNT", "0")) < int(environ.get("AUTOMODEL_MAX_REQUEUES", "0"))
+
+
+def preempt_time(scontrol_show_job: str) -> str | None:
+    """``PreemptTime`` from ``scontrol show job`` output, or None when unset (``None``/``Unknown``): set from the
+    moment Slurm selects the job for preemption (slurm.conf(5), GraceTime and PreemptParameters)."""
+    m = re.search(r"\bPreemptTime=(\S+)", scontrol_show_job)
+    return m.group(1) if m and m.group(1) not in ("None", "Unknown", "(null)", "0") else None
+
+
+def being_preempted(environ: tp.Mapping[str, str] = os.environ) -> bool:
+    """Whether Slurm has selected this job for preemption (``scontrol show job``); False when that cannot be told.
+
+    A site with ``SlurmctldParameters=preempt_send_user_signal`` sends the job's ``--signal`` (our SIGUSR2) when it
+    preempts it (slurm.conf(5)): that SIGUSR2 is not the time-limit warning."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", environ["SLURM_JOB_ID"]], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not ask scontrol whether this job is being preempted (%s); assuming it is not", e)
+        return False
+    return proc.returncode == 0 and preempt_time(proc.stdout) is not None
+
+
+#: What a rank does after it checkpointed on a signal (:func:`after_stop`).
+REQUEUE, EXIT, WAIT = "requeue", "exit", "wait"
+
+
+def after_stop(*, usr2: bool, term: bool, preempted: bool, requeues_left: bool) -> tuple[str, str]:
+    """The rule for a job that stopped on a signal (docs/slurm.md, "Signals"): ``(action, why)``.
+
+    ``usr2``/``term``: whether any rank caught SIGUSR2/SIGTERM; ``preempted``: Slurm has selected the job for
+    preemption; ``requeues_left``: :func:`requeues_left` (False outside Slurm). Actions:
+
+    * :data:`REQUEUE` -- SIGUSR2 alone, the time-limit warning: rank 0 runs ``scontrol requeue``.
+    * :data:`WAIT` -- SIGUSR2 sent because Slurm preempts the job (PreemptTime set; a site with
+      ``preempt_send_user_signal`` and a GraceTime): wait for Slurm's SIGTERM at the end of the grace time, so
+      that the site's PreemptMode applies (a job that ended by itself would be neither requeued nor PREEMPTED).
+    * :data:`EXIT` -- SIGTERM (scancel, preemption, the time limit itself, node shutdown, torchrun): Slurm
+      decides what follows; or SIGUSR2 with no requeue left (the job ends FAILED, its checkpoint kept).
+    """
+    if term:
+        return EXIT, "SIGTERM: the job is being ended (scancel, preemption, time limit); Slurm decides what follows"
+    if usr2 and preempted:
+        return WAIT, "SIGUSR2 came with a preemption (PreemptTime is set); waiting for Slurm to end the job"
+    if not usr2:
+        return EXIT, "no SIGUSR2"
+    if not requeues_left:
+        return EXIT, "no requeue left (slurm.max_requeues, counted by SLURM_RESTART_COUNT)"
+    return REQUEUE, "SIGUSR2: the time-limit warning"
+
+
+def wait_for_sigterm(stop: StopFlag, poll_s: float = 0.5) -> None:
+    """Sleep until SIGTERM has arrived (Slurm ends a preempted job with it at the end of its GraceTime)."""
+    while not stop.terminated:
+        time.sleep(poll_s)
 
 
 def requeue(environ: tp.Mapping[str, str] = os.environ) -> None:
@@ -107,35 +185,64 @@ def requeue(environ: tp.Mapping[str, str] = os.environ) -> None:
     subprocess.run(["scontrol", "requeue", target], check=True)
 
 
-def run(job_file: str | Path, log_file: str | None = None) -> dict[str, tp.Any]:
+def _agree(flags: tp.Sequence[bool], dist_env: tp.Any) -> list[bool]:
+    """Each flag true on every rank when it is true on any rank (one all_reduce MAX)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist_env.env.world_size <= 1 or not dist.is_initialized():
+        return [bool(f) for f in flags]
+    t = torch.tensor([int(f) for f in flags], device=dist_env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None = None) -> dict[str, tp.Any]:
     """Run one rank of the job described by ``job_file``. Returns the recipe's final metrics.
 
-    Raises SystemExit(EXIT_STOPPED) when a signal stopped training and the job was not requeued."""
-    from omegaconf import OmegaConf
+    ``stop``: the flag the signal handlers set (installed here when not given). Raises SystemExit(EXIT_STOPPED)
+    when a signal stopped training and the job was not requeued (:func:`after_stop`)."""
+    stop = stop or StopFlag().install()
+    from omegaconf import DictConfig, OmegaConf
 
     from automodel_hydra import config
+    from automodel_hydra.bootstrap import DistEnv, init_distributed
     from automodel_hydra.recipes import llm_finetune
 
-    stop = StopFlag().install()
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # issue 7: started by torchrun
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: stop with the agent
         stop_when_parent_dies()
     env = DistEnv.from_environ()
     setup_logging(env.rank, log_file)
+    action, why = EXIT, ""
     try:
-        cfg = config.load(OmegaConf.load(job_file))
-        with init_distributed(env) as dist_env:
+        raw = OmegaConf.load(job_file)
+        if not isinstance(raw, DictConfig):
+            raise TypeError(f"{job_file}: expected the job's config (a mapping), found a list")
+        cfg = config.load_rank(raw)
+        with init_distributed(env, timeout_minutes=cfg.dist_env.timeout_minutes) as dist_env:
             log.info("%r on %s", env, dist_env.device)
-            result = llm_finetune.train(cfg, dist_env, should_stop=stop)
+            # the recipe reads rank, world_size and device, which Distributed has; its annotation names DistEnv
+            result = llm_finetune.train(cfg, dist_env, should_stop=stop)  # type: ignore[arg-type]
+            if result.get("stopped_early"):
+                in_slurm = "SLURM_JOB_ID" in os.environ
+                usr2 = signal.SIGUSR2 in stop.signals
+                # rank 0 alone asks scontrol (one call per job), and only when SIGUSR2 is all it caught
+                preempted = in_slurm and env.rank == 0 and usr2 and not stop.terminated and being_preempted()
+                usr2, term, preempted = _agree([usr2, stop.terminated, preempted], dist_env)
+                action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
+                                         requeues_left=in_slurm and requeues_left())
     except Exception:
         log.exception("rank %d failed", env.rank)
         raise
     if result.get("stopped_early"):
-        if not requeues_left():
-            log.warning("stopped at step %s on a signal; not requeued", result.get("step"))
-            raise SystemExit(EXIT_STOPPED)
-        if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
-            requeue()
-        return result
+        if action == REQUEUE:
+            if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
+                requeue()
+            return result
+        log.warning("stopped at step %s on a signal; not requeued: %s", result.get("step"), why)
+        if action == WAIT:
+            wait_for_sigterm(stop)
+        raise SystemExit(EXIT_STOPPED)
     if env.rank == 0:
         write_result(Path(cfg.output_dir) / "result.json", result)
     return result
@@ -148,15 +255,22 @@ def write_result(path: Path, result: dict[str, tp.Any]) -> None:
     os.replace(tmp, path)
 
 
-@record  # torchrun prints this rank's traceback in its failure summary
 def main(argv: list[str] | None = None) -> None:
+    # first of all: a SIGUSR2 (or SIGTERM) while torch and the recipe are still being imported (5-15 s) must set
+    # the flag, not end the rank with the signal's default action
+    stop = StopFlag().install()
     parser = argparse.ArgumentParser(prog="python -m automodel_hydra.worker", description=__doc__.splitlines()[0])
     parser.add_argument("job_file", help="the job's launch/job.yaml")
     parser.add_argument("--log-file", default=None, help="job log rank 0 appends to")
     args = parser.parse_args(argv)
-    run(args.job_file, args.log_file)
-    # skip the interpreter's final collection of torch/transformers objects (~1 s per rank at exit)
-    gc.freeze()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        record(run)(args.job_file, args.log_file, stop)  # torchrun prints this rank's traceback in its summary
+    finally:
+        # skip the interpreter's final collection of torch/transformers objects (~1 s per rank at exit, more
+        # under load): a rank stopped by Slurm has KillWait seconds (default 30) from SIGTERM to SIGKILL
+        gc.freeze()
 
 
 if __name__ == "__main__":

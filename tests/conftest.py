@@ -12,7 +12,7 @@ def _restore_hydra_singletons(hydra_restore_singletons: None) -> None:
     configs set HydraConfig, which would otherwise leak into Hydra's own launcher suites."""
 
 
-# ----------------------------------------------------------------------------------------------- weird paths (issue 7)
+# ----------------------------------------------------------------------------------------------- weird paths
 
 
 #: A file name that is code if a shell reads it unquoted: spaces, both quotes, ";", "$( )", backticks, a backslash,

@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 
+from automodel_hydra import config
+
+config.register()  # the typed schema the project's configs compose with
+
+
 def compose_cfg(overrides: tp.Sequence[str] = (), output_dir: str | Path = "/tmp/automodel-test") -> DictConfig:
     """The composed ``llm_finetune`` config with Hydra's config set, as inside a job."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):

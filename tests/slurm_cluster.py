@@ -60,6 +60,7 @@ class SlurmCluster:
     conf: Path  # slurm.conf; also exported as SLURM_CONF for the session
     nodes: list[str] = dataclasses.field(default_factory=lambda: ["node1", "node2"])
     partition: str = "debug"
+    submitted: list[str] = dataclasses.field(default_factory=list)  # every job id sbatch() returned, in order
 
     def run(self, *argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command (``sinfo``, ``sbatch`` ...) against this cluster and capture its output."""
@@ -72,8 +73,23 @@ class SlurmCluster:
         return proc
 
     def sbatch(self, *args: str) -> str:
-        """Submit with ``sbatch --parsable ARGS`` and return the job id."""
-        return self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+        """Submit with ``sbatch --parsable ARGS`` and return the job id (also kept in ``submitted``)."""
+        job_id = self.run("sbatch", "--parsable", *args).stdout.strip().split(";")[0]
+        self.submitted.append(job_id)
+        return job_id
+
+    def cancel_left(self, job_ids: tp.Iterable[str]) -> list[str]:
+        """Cancel those of ``job_ids`` still queued (what a failed test leaves), requeue turned off first so that
+        nothing brings them back; wait until they are gone. Returns the ids it cancelled."""
+        queued = self.squeue_ids()
+        left = [j for j in job_ids if any(i == j or i.startswith(f"{j}_") for i in queued)]
+        for job_id in left:
+            self.run("scontrol", "update", f"JobId={job_id}", "Requeue=0", check=False)
+        if left:
+            self.run("scancel", *left, check=False)
+        for job_id in left:
+            self.wait_gone(job_id, timeout=60)
+        return left
 
     def squeue_ids(self) -> list[str]:
         """Ids of the jobs in the queue (pending, running, completing...), as squeue's ``%i`` prints them:

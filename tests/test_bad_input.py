@@ -1,4 +1,4 @@
-"""Every mistake of issue 7's list, typed as a user types it: ``python train.py launcher=L <override> dry_run=true``.
+"""Every common mistake, typed as a user types it: ``python train.py launcher=L <override> dry_run=true``.
 
 Each case must exit non-zero with the field's name in the output (no traceback), start and submit nothing, and
 leave what an earlier run wrote in the run dir as it was (a sentinel, a complete checkpoint and its pointer,

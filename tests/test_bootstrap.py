@@ -85,3 +85,87 @@ def test_single_process_init_and_teardown(monkeypatch) -> None:
     with init_distributed(env) as d:
         assert d.world_size == 1 and str(d.device) == "cpu"
     assert not dist.is_initialized()
+
+
+# ------------------------------------------------------------------------ Slurm variables that a site leaves out
+# What each case lacks is in its id; the expected values follow sbatch(1)/srun(1), OUTPUT ENVIRONMENT VARIABLES.
+
+#: (rank, local_rank, world_size, node_rank, num_nodes, master_addr)
+Place = tuple[int, int, int, int, int, str]
+
+SLURM_STAND_INS = [
+    pytest.param({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS_PER_NODE": "2",
+                  "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "n[1-3]"},
+                 (3, 1, 6, 1, 3, "n1"), id="no NTASKS: --ntasks-per-node x nodes"),
+    pytest.param({"SLURM_PROCID": "6", "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_JOB_NODELIST": "n[1-4]"},
+                 (6, 0, 7, 3, 4, "n1"), id="only the compressed TASKS_PER_NODE: sum, nodes, block placement"),
+    pytest.param({"SLURM_PROCID": "2", "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_TASKS_PER_NODE": "4(x2)",
+                  "SLURM_STEP_NODELIST": "g[7-8]", "SLURM_JOB_NODELIST": "g[7-8]"},
+                 (2, 2, 4, 0, 2, "g7"), id="step layout wins over the job's"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_NPROCS": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+                  "SLURM_NNODES": "1", "SLURM_NODELIST": "solo"},
+                 (1, 1, 2, 0, 1, "solo"), id="only the backward-compatible names NPROCS NNODES NODELIST"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2",
+                  "SLURM_STEP_NODELIST": "b[1-2]", "SLURM_JOB_NODELIST": "a1,b[1-2]", "SLURMD_NODENAME": "b2"},
+                 (1, 0, 2, 1, 2, "b1"), id="step on part of the job: step values, NODEID from SLURMD_NODENAME"),
+    pytest.param({"SLURM_PROCID": "6", "SLURM_GTIDS": "4,5,6,7", "SLURM_NTASKS": "8", "SLURM_NODEID": "1",
+                  "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_DISTRIBUTION": "arbitrary"},
+                 (6, 2, 8, 1, 2, "n1"), id="no LOCALID: place in GTIDS"),
+    pytest.param({"SLURM_PROCID": "5", "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_DISTRIBUTION": "cyclic",
+                  "SLURM_JOB_NODELIST": "n[1-4]"},
+                 (5, 1, 7, 1, 4, "n1"), id="no LOCALID NODEID: cyclic placement"),
+    pytest.param({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NUM_NODES": "2",
+                  "SLURM_JOB_NODELIST": "a,b", "SLURM_DISTRIBUTION": "plane=2"},
+                 (5, 3, 8, 0, 2, "a"), id="no LOCALID NODEID: plane=2 placement"),
+    pytest.param({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "solo"},
+                 (3, 3, 4, 0, 1, "solo"), id="no LOCALID on one node: LOCALID = PROCID"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "n[1-2]"},
+                 (1, 0, 2, 1, 2, "n1"), id="no JOB_NUM_NODES NODEID: nodelist length, one task per node"),
+]
+
+
+@pytest.mark.parametrize("environ, place", SLURM_STAND_INS)
+def test_slurm_variable_missing_is_derived_from_its_stand_ins(environ: dict[str, str], place: Place) -> None:
+    env = DistEnv.from_environ(environ)
+    assert (env.rank, env.local_rank, env.world_size, env.node_rank, env.num_nodes, env.master_addr) == place
+
+
+SLURM_NOTHING_STANDS_IN = [
+    pytest.param({"SLURM_PROCID": "0"}, r"without \$SLURM_NTASKS, and nothing stands in .*SLURM_TASKS_PER_NODE",
+                 id="no task count at all"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}, r"without \$SLURM_STEP_NUM_NODES.*SLURM_JOB_NUM_NODES",
+                 id="no node count at all"),
+    pytest.param({"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[1-2]",
+                  "SLURM_DISTRIBUTION": "arbitrary"}, r"without \$SLURM_LOCALID, .*SLURM_GTIDS",
+                 id="no LOCALID under an arbitrary distribution"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+                  "SLURM_JOB_NUM_NODES": "2"}, r"on 2 nodes without \$MASTER_ADDR or \$SLURM_STEP_NODELIST or "
+                 r"\$SLURM_JOB_NODELIST", id="no nodelist on two nodes"),
+    pytest.param({"SLURM_PROCID": "1", "SLURM_TASKS_PER_NODE": "2(x)", "SLURM_JOB_NODELIST": "n1"},
+                 r"\$SLURM_TASKS_PER_NODE='2\(x\)' is not Slurm's per-node count list", id="malformed count list"),
+]
+
+
+@pytest.mark.parametrize("environ, message", SLURM_NOTHING_STANDS_IN)
+def test_slurm_variable_missing_with_nothing_to_stand_in_is_named(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DistEnv.from_environ(environ)
+
+
+def test_slurm_hosts_of_every_rank_follow_the_task_layout() -> None:
+    environ = {"SLURM_PROCID": "0", "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_JOB_NODELIST": "gpu-a[001-003]"}
+    assert DistEnv.from_environ(environ).hosts == ("gpu-a001", "gpu-a001", "gpu-a002", "gpu-a002", "gpu-a003")
+    cyclic = DistEnv.from_environ({**environ, "SLURM_DISTRIBUTION": "cyclic:block"})
+    assert cyclic.hosts == ("gpu-a001", "gpu-a002", "gpu-a003", "gpu-a001", "gpu-a002")
+
+
+def test_slurm_old_job_id_name_still_spreads_the_port() -> None:
+    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOBID": "4242"}
+    env = DistEnv.from_environ(environ)
+    assert env.master_port == 13742 + 242 and "$SLURM_JOBID" in env.master_port_from
+
+
+def test_master_addr_in_the_environment_wins_over_the_nodelist() -> None:
+    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n[1-2]", "MASTER_ADDR": "10.1.2.3"}
+    env = DistEnv.from_environ(environ)
+    assert (env.master_addr, env.master_addr_from) == ("10.1.2.3", "$MASTER_ADDR")

@@ -142,6 +142,10 @@ def test_resave_of_a_step_replaces_leftovers(tmp_path):
     assert ck.is_complete(stale)
 
 
+def _steps(ckpt: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in ckpt.glob("step-*"))
+
+
 def test_keep_latest_k(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_latest_k=2)
     (tmp_path / "step-0").mkdir(parents=True)  # an old half-written leftover goes too
@@ -150,6 +154,66 @@ def test_keep_latest_k(tmp_path):
         mgr.save(step, state)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-3", "step-4"]
     assert find_latest(tmp_path) == tmp_path / "step-4"
+
+
+def test_the_latest_3_are_kept_by_default_and_0_keeps_all(tmp_path):
+    from automodel_hydra.config import CheckpointConfig
+
+    assert CheckpointConfig().keep_latest_k == 3  # the recipe's default (checkpoint.keep_latest_k)
+    state, *_ = _state(0)
+    default, keep_all = CheckpointManager(tmp_path / "a"), CheckpointManager(tmp_path / "b", keep_latest_k=0)
+    for step in range(1, 6):
+        default.save(step, state)
+        keep_all.save(step, state)
+    assert _steps(tmp_path / "a") == [3, 4, 5] and find_latest(tmp_path / "a") == tmp_path / "a" / "step-5"
+    assert _steps(tmp_path / "b") == [1, 2, 3, 4, 5]
+
+
+def test_the_checkpoint_resumed_from_is_never_purged(tmp_path):
+    state, model, _ = _state(0)
+    first = CheckpointManager(tmp_path)
+    for step in (10, 20, 30):
+        first.save(step, state)
+    # a run rewound to step 10 (restore_from.path=.../step-10) keeping 1: its restarts load step-10 again
+    rewound = CheckpointManager(tmp_path, keep_latest_k=1)
+    assert rewound.load(_state(1)[0], str(tmp_path / "step-10")) == 10
+    for step in (11, 12, 13):
+        rewound.save(step, state)
+    assert _steps(tmp_path) == [10, 13, 20, 30]  # 11 and 12 purged; 20 and 30 belong to the later run
+    assert find_latest(tmp_path) == tmp_path / "step-13"
+    fresh_state, fresh, _ = _state(2)
+    assert CheckpointManager(tmp_path).load(fresh_state, str(tmp_path / "step-10")) == 10  # a restart can load it
+    assert _same(model, fresh)
+    # resuming from "latest" protects that one the same way (and step-10 is no one's resume point any more)
+    resumed = CheckpointManager(tmp_path, keep_latest_k=1)
+    assert resumed.load(_state(1)[0], "latest") == 13
+    for step in (14, 15):
+        resumed.save(step, state)
+    assert _steps(tmp_path) == [13, 15, 20, 30] and find_latest(tmp_path) == tmp_path / "step-15"
+
+
+def test_a_complete_checkpoint_is_not_deleted_before_its_replacement_is_complete(tmp_path):
+    state, model, _ = _state(0)
+    old = CheckpointManager(tmp_path)
+    for step in (1, 2, 3):
+        old.save(step, state)
+    # a fresh start in the same dir (restore_from.path=null) reaches step 3 again and dies while saving it
+    new_state, new_model, _ = _state(5)
+    rerun = CheckpointManager(tmp_path, keep_latest_k=1)
+
+    def crash(sd, checkpoint_id, **kw):
+        Path(checkpoint_id, "__0_0.distcp").write_bytes(b"partial")
+        raise RuntimeError("killed")
+
+    with mock.patch.object(ck.dcp, "save", side_effect=crash), pytest.raises(RuntimeError):
+        rerun.save(3, new_state)
+    assert find_latest(tmp_path) == tmp_path / "step-3" and ck.is_complete(tmp_path / "step-3")
+    probe_state, probe, _ = _state(9)
+    assert rerun.load(probe_state, "latest") == 3 and _same(model, probe)  # still the first run's step 3
+    # the retried save replaces it whole, under its own name, and the newest is kept with keep_latest_k=1
+    rerun.save(3, new_state)
+    assert _steps(tmp_path) == [3] and not list(tmp_path.glob(".step-*"))
+    assert rerun.load(probe_state, "latest") == 3 and _same(new_model, probe)
 
 
 def test_async_save_then_wait(tmp_path):
@@ -200,5 +264,6 @@ def _two_rank_worker(rank: int, port: int, root: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # spawns 2 processes
 def test_two_ranks_gloo(tmp_path):
     mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -1,4 +1,5 @@
-"""``automodel-hydra status|logs|cancel|report`` on real local sweeps, and its honesty rules (UNKNOWN, FAILED).
+"""``automodel-hydra runs|status|logs|cancel|report`` and ``python train.py --help``: on real local runs and sweeps,
+on run dirs laid out as the product lays them out, and the honesty rules (UNKNOWN, FAILED).
 
 The Slurm side (states read from the real scheduler's sacct, scancel) is at the end, on the project's test cluster.
 """
@@ -9,6 +10,7 @@ import csv
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -17,8 +19,10 @@ import typing as tp
 from pathlib import Path
 
 import pytest
+import yaml
 
 from automodel_hydra import cli
+from automodel_hydra.states import JobState
 from automodel_hydra.backends.interactive import free_port
 from tests.helpers import ROOT, train_py
 
@@ -153,29 +157,272 @@ def group_alive(pgid: int) -> bool:
 def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
 
-    def broken(record: dict[str, tp.Any]) -> str:
+    calls: list[int] = []
+
+    def broken(refs: tp.Any) -> list[StateInfo]:
         raise RuntimeError("sacct: error: Problem talking to the database")
 
-    fakes = {"slurm": types.SimpleNamespace(status=broken), "skypilot": types.SimpleNamespace(status=lambda r: "UP"),
-             # a backend that answers for many jobs at once is asked once
-             "interactive": types.SimpleNamespace(statuses=lambda records: ["RUNNING"] * len(records))}
+    def answers(refs: tp.Any) -> list[StateInfo]:
+        calls.append(len(refs))  # a backend answers for all its jobs in one call
+        return [StateInfo(JobState.RUNNING)] * len(refs)
+
+    def fake(states: tp.Callable[[tp.Any], list[StateInfo]]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(states=states, ref_from_record=lambda r: r["job_ids"][0])
+
+    fakes = {"slurm": fake(broken), "interactive": fake(answers)}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
     jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"], "job_dir": str(tmp_path / str(i)),
-             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "skypilot", "interactive"])]
+             "job_name": "train", "log_path": None} for i, b in enumerate(["slurm", "interactive", "interactive"])]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
     assert cli.main(["status", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("UNKNOWN", ["17"]), ("RUNNING", ["27"])]
-    assert "Problem talking to the database" in rows[0]["note"] and "'UP'" in rows[1]["note"]
+    assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("RUNNING", ["17"]), ("RUNNING", ["27"])]
+    assert "Problem talking to the database" in rows[0]["note"] and calls == [2]
     assert cli.main(["status", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("UNKNOWN") == 2
+    assert capsys.readouterr().out.count("UNKNOWN") == 1
+
+
+def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
+
+    infos = [StateInfo(JobState.PENDING, "Priority"), StateInfo(JobState.PENDING, "PartitionConfig")]
+    fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r)
+    monkeypatch.setattr(backends, "get", lambda name: fake)
+    jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [], "job_dir": str(tmp_path / str(i)),
+             "job_name": "train", "log_path": None} for i in range(2)]
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
+    assert cli.main(["status", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["note"] == "Priority"
+    assert rows[1]["note"].startswith("PartitionConfig (will not start as submitted")
 
 
 def test_a_dir_without_records_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", str(tmp_path)]) == 2
     assert "not a run or sweep dir" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- no DIR: the latest
+
+
+def _job(job_dir: Path, num: int | None, overrides: list[str], *, completed: bool = True, when: float = 0.0,
+         metrics: tp.Sequence[dict[str, tp.Any]] = ()) -> dict[str, tp.Any]:
+    """A finished local job dir as the product leaves it (launch/pid, submission.json, result.json, metrics.jsonl);
+    returns its submission record."""
+    (job_dir / "launch").mkdir(parents=True)
+    (job_dir / ".hydra").mkdir()
+    (job_dir / "launch" / "pid").write_text("999999\n")
+    record = {"backend": "interactive", "job_ids": [], "job_name": "train", "job_num": num, "overrides": overrides,
+              "job_dir": str(job_dir), "log_path": str(job_dir / "train.log"), "files": [],
+              "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(when or time.time()))}
+    (job_dir / "launch" / "submission.json").write_text(json.dumps(record))
+    (job_dir / "train.log").write_text(f"log of job {num}\nstep 2/2  loss 1.0\n")
+    if completed:
+        (job_dir / "result.json").write_text(json.dumps({"step": 2, "loss": 1.0}))
+    (job_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if when:
+        os.utime(job_dir / "launch" / "submission.json", (when, when))
+    return record
+
+
+def _sweep(root: Path, overrides: list[list[str]], when: float, **kw: tp.Any) -> Path:
+    root.mkdir(parents=True)
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    jobs = [_job(root / str(i), i, o, when=when, **kw) for i, o in enumerate(overrides)]
+    (root / "launch").mkdir()
+    (root / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
+    os.utime(root / "launch" / "manifest.json", (when, when))
+    return root
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working dir with Hydra's default layout: an old run, a newer 2-job sweep, and decoys."""
+    monkeypatch.chdir(tmp_path)
+    now = time.time()
+    _job(tmp_path / "outputs" / "2024-05-01" / "10-00-00", None, ["seed=1"], when=now - 3600)
+    _sweep(tmp_path / "multirun" / "2024-05-01" / "11-00-00", [["optim.lr=0.1", "seed=1"], ["optim.lr=0.2", "seed=1"]],
+           when=now - 60)
+    # decoys: a record inside a job dir (never walked into) and a dry run (nothing submitted)
+    _job(tmp_path / "outputs" / "2024-05-01" / "10-00-00" / "checkpoints" / "x", None, [], when=now)
+    (tmp_path / "outputs" / "2024-05-02" / "09-00-00" / "launch").mkdir(parents=True)
+    return tmp_path
+
+
+def test_without_dir_status_logs_report_use_the_newest_run_or_sweep(here: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert [r.path.relative_to(here).as_posix() for r in cli.find_runs()] == [
+        "multirun/2024-05-01/11-00-00", "outputs/2024-05-01/10-00-00"]
+    assert cli.main(["status", "--json"]) == 0
+    out = capsys.readouterr()
+    assert [(r["job"], r["state"]) for r in json.loads(out.out)] == [(0, "COMPLETED"), (1, "COMPLETED")]
+    assert "latest sweep: " in out.err and "11-00-00" in out.err
+    assert cli.main(["logs", "1", "--no-follow"]) == 0  # `logs JOB`: job JOB of the latest sweep
+    assert "log of job 1" in capsys.readouterr().out
+    assert cli.main(["logs", "--no-follow"]) == 2  # a sweep of 2: which job?
+    assert "name one" in capsys.readouterr().err
+    # a newer single run becomes the latest
+    _job(here / "outputs" / "2024-05-03" / "08-00-00", None, ["seed=3"], completed=False)
+    assert cli.main(["logs", "--no-follow"]) == 0
+    assert "log of job None" in capsys.readouterr().out
+
+
+def test_without_dir_and_nothing_here_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["status"]) == 2
+    assert "no run or sweep under" in capsys.readouterr().err
+
+
+def test_runs_lists_past_runs_and_sweeps(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["runs", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["dir"], r["kind"], r["launcher"], r["jobs"]) for r in rows] == [
+        ("multirun/2024-05-01/11-00-00", "sweep", "interactive", 2),
+        ("outputs/2024-05-01/10-00-00", "run", "interactive", 1)]
+    assert rows[0]["states"] == {"COMPLETED": 2} and rows[1]["states"] == {"COMPLETED": 1}
+    assert all(len(r["when"]) == 16 for r in rows)  # YYYY-MM-DD HH:MM
+    assert cli.main(["runs"]) == 0
+    table = capsys.readouterr().out
+    assert "2 COMPLETED" in table and "multirun/2024-05-01/11-00-00" in table
+
+
+def test_final_states_come_from_jobstate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """PREEMPTED (not requeued) is final in the single vocabulary: nothing to cancel, and `logs` stops following."""
+    from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
+
+    cancelled: list[tp.Any] = []
+    fake = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.PREEMPTED)] * len(refs),
+                                 cancel=cancelled.extend, ref_from_record=lambda r: r["job_dir"])
+    monkeypatch.setattr(backends, "get", lambda name: fake)
+    _job(tmp_path / "R", None, [], completed=False)
+    assert cli.main(["cancel", str(tmp_path / "R")]) == 0
+    assert "already PREEMPTED, nothing to cancel" in capsys.readouterr().out and not cancelled
+    assert cli.main(["logs", str(tmp_path / "R"), "--poll", "0.01"]) == 0  # follows, sees a final state, returns
+    assert "ended PREEMPTED" in capsys.readouterr().err
+
+
+def _png_title(path: Path) -> str:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.text["Title"]
+
+
+@pytest.mark.slow  # matplotlib renders a PNG (~2 s)
+def test_report_plots_every_logged_step_and_validation_loss(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = here / "multirun" / "2024-05-02" / "12-00-00"
+    metrics = [[{"step": s, "loss": 5.0 / (s + k), "val_loss": 6.0 / (s + k) if s % 100 == 0 else None}
+                for s in range(1, 301)] for k in (1, 2)]
+    _sweep(sweep, [["optim.lr=0.1", "seed=7"], ["optim.lr=0.2", "seed=7"]], when=time.time())
+    for i in (0, 1):
+        (sweep / str(i) / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics[i]))
+    assert cli.main(["report"]) == 0
+    with open(sweep / "report" / "curves.csv") as f:
+        points = list(csv.DictReader(f))
+    for i, label in enumerate(["0: optim.lr=0.1", "1: optim.lr=0.2"]):
+        mine = [p for p in points if p["job"] == label]
+        assert [int(p["step"]) for p in mine] == list(range(1, 301))  # every logged step, not a thinned curve
+        assert [int(p["step"]) for p in mine if p["val_loss"]] == [100, 200, 300]
+        assert float(mine[99]["val_loss"]) == pytest.approx(6.0 / (100 + i + 1))
+    title = _png_title(sweep / "report" / "loss.png")
+    assert str(sweep) in title and "varied: optim.lr" in title and "seed" not in title
+    with open(sweep / "report" / "final_metrics.csv") as f:
+        # result.json of these jobs has no val_loss: the last logged one stands in
+        assert [float(r["val_loss"]) for r in csv.DictReader(f)] == pytest.approx([6.0 / 301, 6.0 / 302])
+    capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------------------------- train.py --help
+
+
+@pytest.mark.slow  # starts Hydra in a subprocess (~2-5 s)
+def test_help_is_the_products_help() -> None:
+    import dataclasses
+
+    from automodel_hydra import config
+
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert "powered by Hydra" not in out and "slurm: null" not in out
+    for launcher in ("interactive", "slurm", "skypilot"):  # each launcher and what it selects
+        assert f"automodel_{launcher}" in out and f"the {launcher}: section" in out
+    assert "launcher: interactive, skypilot, slurm" in out  # Hydra's $APP_CONFIG_GROUPS
+    for command in ("runs", "status [DIR]", "logs [DIR] [JOB]", "cancel DIR [JOB]", "report [DIR]"):
+        assert f"automodel-hydra {command}" in out
+    assert "outputs/DATE/TIME/" in out and "multirun/DATE/TIME/N/" in out and "final_model/" in out
+    assert "python train.py -m optim.lr=1e-4,3e-4 seed=1,2" in out
+    assert "'++slurm.env_vars.HF_TOKEN=${HF_TOKEN}'" in out and "your $HF_TOKEN" in out  # $ survives the template
+    # every key the help names exists in the typed schema (the help cannot drift from the config)
+    sections = {"model": config.ModelConfig, "data": config.DataConfig, "step_scheduler": config.StepSchedulerConfig,
+                "optim": config.OptimConfig, "checkpoint": config.CheckpointConfig,
+                "restore_from": config.RestoreFromConfig, "interactive": config.InteractiveConfig,
+                "slurm": config.SlurmConfig, "skypilot": config.SkyPilotConfig, "profile.nsys": config.NsysConfig}
+    block = out.split("== Main keys")[1].split("\n\n")[0].split("\n", 1)[1]
+    block = re.sub(r"\([^()]*\)", "", block)  # keys come outside the "(...)" notes
+    named: dict[str, list[str]] = {}
+    section = ""
+    for line in block.splitlines():
+        if not line.startswith("   "):  # a new entry: "  section   key, key" or "  key, key" (top level)
+            head, _, rest = line.strip().partition("  ")
+            section, line = (head, rest) if head in sections else ("", line)
+        named.setdefault(section, []).extend(k.strip() for k in line.split(",") if k.strip().isidentifier())
+    assert set(named) == {"", *sections}
+    for name, keys in named.items():
+        fields = {f.name for f in dataclasses.fields(sections.get(name, config.TrainConfig))}
+        assert set(keys) <= fields, (name, set(keys) - fields)
+    assert {"keep_latest_k", "name_or_path", "prompt_field", "nodes", "use_spot"} <= {k for v in named.values() for k in v}
+
+
+# ----------------------------------------------------------------------------------------------- a real run
+
+
+@pytest.mark.slow
+def test_a_real_run_progress_in_its_log_and_final_model_loads(tmp_path: Path) -> None:
+    """``python train.py`` (1 process) in a fresh dir, then, from that dir, the commands without DIR: progress lines
+    are in the job log ``automodel-hydra logs`` prints, and final_model/ loads with from_pretrained and gives the
+    trained model's logits (the model restored from the run's last checkpoint)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from automodel_hydra import config
+    from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, ModelOptimState
+    from automodel_hydra.recipes.llm_finetune import build_model
+
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, "checkpoint.enabled=true", port_base()],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = [p.parent.parent for p in tmp_path.glob("outputs/*/*/launch/submission.json")]
+
+    def here(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "automodel_hydra.cli", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, check=True)
+
+    log = here("logs", "--no-follow").stdout
+    progress = [line for line in log.splitlines() if "[rank0][automodel_hydra.metrics]" in line]
+    assert [line.split(" - ")[1].split()[:2] for line in progress] == [["step", f"{s}/4"] for s in (1, 2, 3, 4)]
+    assert all("loss" in line and "lr" in line and "tok/s" in line for line in progress)
+    assert progress[0] in (run / "train.log").read_text()
+    assert json.loads(here("status", "--json").stdout)[0]["state"] == "COMPLETED"
+    assert json.loads(here("runs", "--json").stdout)[0]["states"] == {"COMPLETED": 1}
+
+    cfg = config.load(yaml.safe_load((run / "launch" / "job.yaml").read_text()))
+    trained = build_model(cfg, torch.device("cpu"), 256)
+    state = {MODEL_AND_OPTIM: ModelOptimState(trained, torch.optim.AdamW(trained.parameters()))}
+    assert CheckpointManager(cfg.checkpoint_dir).load(state, "latest") == 4
+    exported = AutoModelForCausalLM.from_pretrained(run / "final_model")
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(exported.eval()(input_ids=ids).logits, trained.eval()(input_ids=ids).logits,
+                                   rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------- Slurm
@@ -187,7 +434,7 @@ SLURM = ["launcher=slurm", "slurm.gpus_per_node=0", "slurm.partition=debug", "sl
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: tp.Any, tmp_path: Path) -> None:
-    from automodel_hydra.plan import FINISHED
+    from automodel_hydra.states import JobState
 
     run, sweep = tmp_path / "R", tmp_path / "S"
     train_py(*SLURM, "step_scheduler.max_steps=100000", f"hydra.run.dir={run}")  # returns once submitted
@@ -207,7 +454,7 @@ def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: t
     slurm_cluster.wait_gone(job_id, timeout=60)
     assert states(run) == {0: "CANCELLED"} and slurm_cluster.sacct_state(job_id, timeout=30) == "CANCELLED"
 
-    wait_for(lambda: set(states(sweep).values()) <= set(FINISHED), 150, "the sweep to finish")
+    wait_for(lambda: all(JobState(s).final for s in states(sweep).values()), 150, "the sweep to finish")
     assert states(sweep) == {0: "COMPLETED", 1: "FAILED"}
     assert [slurm_cluster.sacct_state(j["job_ids"][0], timeout=30) for j in jobs] == ["COMPLETED", "FAILED"]
     assert "step 4/4" in cli_out("logs", str(sweep), "0", "--no-follow")

@@ -15,7 +15,6 @@ from hydra.core.utils import setup_globals
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-import automodel_hydra.config  # noqa: F401  (registers the typed schemas the configs compose with)
 from hydra_plugins.automodel_hydra_launcher._compose import SweepComposer, iter_sweep_configs, sweep_configs
 from tests.helpers import CONF
 

@@ -1,4 +1,4 @@
-"""Faults survived, end to end with real processes (issue 7): a rank killed mid-run, the job killed while a
+"""Faults survived, end to end with real processes: a rank killed mid-run, the job killed while a
 checkpoint is being written, SIGTERM to the torchrun group (``automodel-hydra cancel``) and to ``train.py`` itself.
 The port already taken on this host is in test_interactive.py.
 

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from automodel_hydra.backends.interactive import free_port, resolve_nproc
+from automodel_hydra.states import JobState
 from tests.helpers import metrics, train_py
 
 
@@ -30,7 +31,7 @@ def test_two_ranks_train_then_resume_continues_from_newest_checkpoint(tmp_path) 
     steps = [r["step"] for r in metrics(run)]
     assert steps == list(range(1, 41)), "every step from 1 to 40 exactly once"
     # only the driver made Hydra dirs: no stray timestamped output dirs from the ranks
-    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [".hydra", "checkpoints", "launch"]
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [".hydra", "checkpoints", "final_model", "launch"]
 
 
 @pytest.mark.slow
@@ -91,8 +92,9 @@ def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(
         deadline = time.time() + 120
         while not (run / "metrics.jsonl").exists() and time.time() < deadline:
             time.sleep(0.2)
-        record = {"job_dir": str(run)}
-        assert interactive.status(record) == "RUNNING"
+        local = interactive.Interactive()
+        ref = interactive.LocalRef(str(run))
+        assert local.states([ref])[0].state is JobState.RUNNING
         second = train_py(f"hydra.run.dir={run}", "step_scheduler.max_steps=2", "interactive.nproc_per_node=1",
                           check=False)
         assert second.returncode == 2
@@ -101,15 +103,15 @@ def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(
     finally:
         first.terminate()
         first.wait(timeout=120)
-    assert interactive.status({"job_dir": str(run)}) != "RUNNING"
+    assert local.states([ref])[0].state is not JobState.RUNNING
     # a pid file naming a process that is not this job's (a recycled pid) is never signalled
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         (run / "launch" / "pid").write_text(f"{bystander.pid}\n")
-        interactive.cancel({"job_dir": str(run)})
+        local.cancel([ref])
         time.sleep(0.2)
         assert bystander.poll() is None
-        assert interactive.status({"job_dir": str(run)}) in ("FAILED", "CANCELLED")
+        assert local.states([ref])[0].state in (JobState.FAILED, JobState.CANCELLED)
     finally:
         os.killpg(bystander.pid, 9)
         bystander.wait()

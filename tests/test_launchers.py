@@ -1,34 +1,34 @@
-"""Our Hydra launchers against Hydra's own launcher test suites (STYLE.md section e), plus discovery.
-
-The suites' task functions are not our recipe, so each job runs in-process through ``run_job``, exactly as it
-would before our launcher submits a recipe job; what is checked is the Hydra contract: dirs, job ids and numbers,
-overrides, ``.hydra/`` files, errors re-raised from ``JobReturn``, custom resolvers."""
+"""Our Hydra launcher: discovered by Hydra, and it plans only task functions that declare our interface."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
+
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
 
-from hydra_plugins.automodel_hydra_launcher.launchers import InteractiveLauncher, SkyPilotLauncher, SlurmLauncher
-
-LAUNCHERS = ["automodel_interactive", "automodel_slurm", "automodel_skypilot"]
+from hydra_plugins.automodel_hydra_launcher.launcher import AutomodelLauncher
 
 
-@pytest.mark.parametrize("cls", [InteractiveLauncher, SlurmLauncher, SkyPilotLauncher])
-def test_discovery(cls: type) -> None:
-    names = [x.__name__ for x in Plugins.instance().discover(Launcher)]
-    assert cls.__name__ in names
+def test_discovery() -> None:
+    assert AutomodelLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
 
 
-@pytest.mark.parametrize("launcher_name, overrides", [(name, []) for name in LAUNCHERS])
-class TestAutomodelLaunchers(LauncherTestSuite):
-    pass
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("task_launcher_cfg, extra_flags",
-                         [({}, ["-m", f"hydra/launcher={name}"]) for name in LAUNCHERS[:1]])
-class TestAutomodelLaunchersIntegration(IntegrationTestSuite):
-    pass
+def test_a_foreign_task_function_is_refused_naming_it_and_never_run_here(tmp_path: Path) -> None:
+    """Under a launcher named Slurm, another task function must not silently run on the submitting machine."""
+    app = tmp_path / "my_app.py"
+    app.write_text(
+        "import hydra\n"
+        "from pathlib import Path\n"
+        "@hydra.main(version_base=None, config_path=None)\n"
+        "def my_task(cfg):\n"
+        "    Path('RAN_HERE').touch()\n"
+        "if __name__ == '__main__':\n"
+        "    my_task()\n")
+    out = subprocess.run([sys.executable, str(app), "-m", "hydra/launcher=automodel", "+x=1,2",
+                          f"hydra.sweep.dir={tmp_path / 'S'}"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "__main__.my_task is not one" in out.stderr and "hydra/launcher=basic" in out.stderr
+    assert not (tmp_path / "RAN_HERE").exists()

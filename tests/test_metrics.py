@@ -1,17 +1,34 @@
-"""metrics.jsonl records, rank-0-only writing, plain progress lines and truncation on resume."""
+"""metrics.jsonl records, rank-0-only writing, progress lines in the job log and truncation on resume."""
 
 from __future__ import annotations
 
 import json
+import logging
+import typing as tp
+
+import pytest
 
 from automodel_hydra.metrics import METRICS_FILE, MetricsLogger, truncate_after
+from automodel_hydra.worker import setup_logging
 
 
 def _steps(path):
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
 
 
-def test_records_are_flushed_per_line(tmp_path, capsys):
+@pytest.fixture
+def worker_logging() -> tp.Iterator[tp.Callable[[int, str], None]]:
+    """The worker's own logging setup (``setup_logging(rank, log_file)``), undone after the test."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    yield setup_logging
+    for h in root.handlers:
+        if h not in saved[0]:
+            h.close()
+    root.handlers[:], root.level = saved
+
+
+def test_records_are_flushed_per_line(tmp_path):
     m = MetricsLogger(tmp_path, max_steps=20, world_size=2, tty=False)
     m.log(10, loss=2.5, lr=1e-3, tokens_per_s=1000.0, val_loss=float("nan"))
     rec = json.loads((tmp_path / METRICS_FILE).read_text())  # readable before close
@@ -20,24 +37,45 @@ def test_records_are_flushed_per_line(tmp_path, capsys):
     m.log(20, loss=2.0, lr=1e-4, tokens_per_s=900.0)
     m.close()
     assert _steps(tmp_path / METRICS_FILE) == [10, 20]
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("step 10/20") and "loss 2.5000" in out[0] and "tok/s" in out[0]
 
 
-def test_only_rank_0_writes(tmp_path, capsys):
-    m = MetricsLogger(tmp_path, max_steps=5, rank=1, tty=False)
-    rec = m.log(1, loss=1.0, lr=0.1, tokens_per_s=1.0)
+def test_rank_0_progress_lines_land_in_the_job_log(tmp_path, worker_logging, capsys):
+    log_file = tmp_path / "train.log"
+    worker_logging(0, str(log_file))
+    m = MetricsLogger(tmp_path, max_steps=20, tty=False)
+    m.log(10, loss=2.5, lr=1e-3, tokens_per_s=1234.0)
+    m.log(20, loss=2.0, lr=1e-4, tokens_per_s=900.0, val_loss=2.25)
     m.close()
-    assert rec["step"] == 1
-    assert not (tmp_path / METRICS_FILE).exists() and capsys.readouterr().out == ""
+    lines = [line for line in log_file.read_text().splitlines() if "[automodel_hydra.metrics]" in line]
+    assert len(lines) == 2 and "[rank0]" in lines[0]
+    assert lines[0].endswith("step 10/20  loss 2.5000  lr 1.00e-03  1,234 tok/s")
+    assert lines[1].endswith("step 20/20  loss 2.0000  lr 1.00e-04  900 tok/s  val_loss 2.2500")
+    err = capsys.readouterr().err  # the same lines on the rank's stderr (a Slurm log, torchrun.out, a terminal)
+    assert "step 10/20  loss 2.5000" in err and "val_loss 2.2500" in err
 
 
-def test_rich_progress_on_a_tty(tmp_path):
+def test_on_a_terminal_the_bar_shows_progress_and_the_job_log_gets_the_lines(tmp_path, worker_logging, capsys):
+    log_file = tmp_path / "train.log"
+    worker_logging(0, str(log_file))
     m = MetricsLogger(tmp_path, max_steps=3, tty=True)
     m.log(3, loss=1.0, lr=0.1, tokens_per_s=1.0)
     m.close()
     m.close()
     assert _steps(tmp_path / METRICS_FILE) == [3]
+    assert "step 3/3  loss 1.0000" in log_file.read_text()
+    assert "step 3/3" not in capsys.readouterr().err  # no log line tearing the bar
+
+
+def test_only_rank_0_writes(tmp_path, worker_logging, capsys):
+    log_file = tmp_path / "train.log"
+    worker_logging(1, str(log_file))
+    m = MetricsLogger(tmp_path, max_steps=5, rank=1, tty=False)
+    rec = m.log(1, loss=1.0, lr=0.1, tokens_per_s=1.0)
+    m.close()
+    assert rec["step"] == 1
+    assert not (tmp_path / METRICS_FILE).exists() and "step 1/5" not in log_file.read_text()
+    captured = capsys.readouterr()
+    assert captured.out == "" and "step 1/5" not in captured.err
 
 
 def test_truncate_after(tmp_path):

@@ -47,6 +47,7 @@ def test_missing_nsys_is_a_clear_error_at_start(tmp_path) -> None:
                     "interactive.nproc_per_node=1", env=env, check=False)
     assert proc.returncode != 0
     assert "nsys (Nsight Systems) is not on PATH" in proc.stdout
+    assert "nsys (Nsight Systems) is not on PATH" in (tmp_path / "train.log").read_text()  # where `logs` looks
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

@@ -1,4 +1,4 @@
-"""Values stay data in every generated script (SPEC section 4, issue 7): tested by RUNNING the scripts.
+"""Values stay data in every generated script : tested by RUNNING the scripts.
 
 Run dirs, job names and env values hold spaces, both quotes, ``;``, ``$( )``, backticks, a backslash, ``$HOME`` and
 newlines (``weird_path`` in conftest.py). Each comes in through ``python train.py`` as a user types it (Hydra's

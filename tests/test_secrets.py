@@ -1,4 +1,4 @@
-"""No secret value reaches a file or the output (SPEC section 4, issue 7).
+"""No secret value reaches a file or the output .
 
 A token lives only in the submitting shell (``HF_TOKEN=hf_SECRET_<random>``) and is referenced as ``${HF_TOKEN}``
 (or ``${oc.env:HF_TOKEN}``) in env_vars. Every launcher's plan is made (dry runs, single and ``-m``) and real

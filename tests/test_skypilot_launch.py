@@ -17,10 +17,11 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from automodel_hydra import driver
+from automodel_hydra import config
 from automodel_hydra.backends import skypilot
 from automodel_hydra.backends.interactive import free_port
-from automodel_hydra.plan import JobSpec, Plan
+from automodel_hydra.plan import JobSpec, Plan, PreflightError, Submission, job_batch, write_record
+from automodel_hydra.states import JobState
 from tests.helpers import compose_cfg, metrics
 
 TOKEN = "hf_in-memory-only-5e1d"
@@ -60,10 +61,20 @@ def queue(sky: tp.Any, job_id: int, status: str) -> tuple[list[tp.Any], int, dic
     return [ManagedJobRecord(job_id=job_id, status=sky.jobs.ManagedJobStatus(status))], 1, {status: 1}, 1
 
 
-def plan_job(tmp_path: Path, overrides: list[str], job: JobSpec | None = None) -> Plan:
+def plan_job(tmp_path: Path, overrides: list[str], job: JobSpec | None = None) -> Plan[skypilot.Request]:
     job = job or JobSpec(job_dir=tmp_path / "R", job_name="train")
-    cfg = compose_cfg(["launcher=skypilot", *overrides], job.job_dir)
-    return driver.plan_job(cfg, job)  # what train.py does: validate, plan, write launch/
+    cfg = config.load(compose_cfg(["launcher=skypilot", *overrides], job.job_dir))
+    plan = skypilot.make_plan(cfg, job)
+    for name, text in plan.files.items():  # what the driver writes before submitting
+        (job.launch_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (job.launch_dir / name).write_text(text)
+    return plan
+
+
+def submit(plan: Plan[skypilot.Request]) -> Submission[skypilot.SkyRef]:
+    (sub,) = skypilot.SkyPilot().submit(job_batch(plan))
+    write_record(sub)
+    return sub
 
 
 def test_spot_job_is_a_managed_job_launch_with_the_planned_task_and_secret_in_memory_only(
@@ -72,14 +83,14 @@ def test_spot_job_is_a_managed_job_launch_with_the_planned_task_and_secret_in_me
     plan = plan_job(tmp_path, ["skypilot.num_nodes=2", "skypilot.use_spot=true", "skypilot.checkpoint_bucket=s3://b",
                                "++skypilot.env_vars.HF_TOKEN=${HF_TOKEN}", "++skypilot.env_vars.MODE=fast"])
     sdk.stream_and_get.return_value = ([7], None)
-    (sub,) = driver.submit([plan])  # also writes launch/submission.json
+    sub = submit(plan)
 
     sdk.jobs.launch.assert_called_once()
     (task,), kwargs = sdk.jobs.launch.call_args
-    assert kwargs == {"name": plan.payload.name}
+    assert kwargs == {"name": plan.request.name}
     sdk.stream_and_get.assert_called_once_with("req-jobs-launch")
     sdk.launch.assert_not_called()
-    planned = plan.payload.task
+    planned = plan.request.task
     (res,) = task.resources
     assert (task.name, task.num_nodes, task.run, task.setup) == (planned["name"], 2, planned["run"], planned["setup"])
     assert (res.use_spot, res.accelerators, task.envs) == (True, {"H100": 8}, {"MODE": "fast"})
@@ -96,10 +107,10 @@ def test_on_demand_job_launches_a_named_cluster_with_its_lifetime_options(sdk, t
     plan = plan_job(tmp_path, ["skypilot.cluster_name=dev", "skypilot.idle_minutes_to_autostop=10",
                                "skypilot.down=true", "skypilot.wait=false"])
     sdk.stream_and_get.return_value = (3, None)
-    (sub,) = driver.submit([plan])
+    sub = submit(plan)
     (task,), kwargs = sdk.launch.call_args
     assert kwargs == {"cluster_name": "dev", "idle_minutes_to_autostop": 10, "down": True}
-    assert task.run == plan.payload.task["run"] and not driver.should_wait(plan)
+    assert task.run == plan.request.task["run"] and not plan.wait
     sdk.jobs.launch.assert_not_called()
     assert sub.ids == ["dev:3"] and sub.log_path == "sky logs dev 3"
 
@@ -107,46 +118,50 @@ def test_on_demand_job_launches_a_named_cluster_with_its_lifetime_options(sdk, t
 def test_unset_secret_variable_fails_before_any_launch(sdk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     plan = plan_job(tmp_path, ["++skypilot.env_vars.HF_TOKEN=${HF_TOKEN}"])
-    with pytest.raises(ValueError, match=r"skypilot.env_vars.HF_TOKEN \(\$\{HF_TOKEN\}\): not set"):
-        skypilot.submit([plan])
+    with pytest.raises(PreflightError, match=r"skypilot.env_vars.HF_TOKEN \(\$\{HF_TOKEN\}\): not set"):
+        skypilot.SkyPilot().check([plan])
+    with pytest.raises(PreflightError, match=r"skypilot.env_vars.HF_TOKEN"):
+        submit(plan)
     sdk.launch.assert_not_called()
 
 
-def test_sweep_launches_every_point_and_a_failed_launch_is_a_failed_result(sdk, tmp_path: Path) -> None:
+def test_sweep_points_are_separate_tasks_and_a_failed_launch_raises_skypilots_error(sdk, tmp_path: Path) -> None:
     plans = [plan_job(tmp_path, ["skypilot.use_spot=true"], JobSpec(tmp_path / "M" / str(i), "train", job_num=i))
              for i in range(2)]
-    assert plans[0].payload.name != plans[1].payload.name
+    assert plans[0].request.name != plans[1].request.name
     sdk.stream_and_get.side_effect = [([11], None), RuntimeError("Failed to setup with return code 1")]
-    subs = skypilot.submit(plans)
-    assert [s.ids for s in subs] == [["11"], []]
-    assert [c.kwargs["name"] for c in sdk.jobs.launch.call_args_list] == [p.payload.name for p in plans]
+    first = submit(plans[0])
+    with pytest.raises(RuntimeError, match="Failed to setup"):
+        submit(plans[1])
+    assert [c.kwargs["name"] for c in sdk.jobs.launch.call_args_list] == [p.request.name for p in plans]
     sdk.get.return_value = queue(sdk, 11, "SUCCEEDED")
-    results = skypilot.wait(subs, poll_s=0)
-    assert [r.state for r in results] == ["COMPLETED", "FAILED"]
-    assert results[0].value["loss"] == 2.5  # node 0's result line, read back from the job's log for the sweeper
+    (result,) = skypilot.SkyPilot().wait([first], poll_s=0)
+    assert result.state is JobState.COMPLETED
+    assert result.value["loss"] == 2.5  # node 0's result line, read back from the job's log for the sweeper
     sdk.jobs.tail_logs.assert_called_once()
     assert sdk.jobs.tail_logs.call_args.kwargs["job_id"] == 11 and not sdk.jobs.tail_logs.call_args.kwargs["follow"]
-    assert "Failed to setup" in (results[1].error or "")
 
 
 def test_wait_follows_recovery_to_the_end_and_status_cancel_use_the_record(sdk, tmp_path: Path) -> None:
     plan = plan_job(tmp_path, ["skypilot.use_spot=true"])
     sdk.stream_and_get.return_value = ([5], None)
-    (sub,) = skypilot.submit([plan])
+    sub = submit(plan)
+    backend = skypilot.SkyPilot()
     states = ["RUNNING", "RECOVERING", "RUNNING", "FAILED_SETUP"]
     sdk.get.side_effect = [queue(sdk, 5, s) for s in states]
-    (result,) = skypilot.wait([sub], poll_s=0)
-    assert (result.state, result.value["sky_status"]) == ("FAILED", "FAILED_SETUP")
+    (result,) = backend.wait([sub], poll_s=0)
+    assert (result.state, result.value["sky_status"]) == (JobState.FAILED, "FAILED_SETUP")
     assert sdk.jobs.queue_v2.call_args.kwargs["job_ids"] == [5]
     sdk.get.side_effect = None
     sdk.get.return_value = queue(sdk, 5, "RECOVERING")
-    assert skypilot.status(sub.record()) == "PREEMPTED"
-    skypilot.cancel(sub.record())
+    ref = backend.ref_from_record(sub.record())
+    assert backend.states([ref])[0].state is JobState.PENDING  # recovering: it will run again
+    backend.cancel([ref])
     sdk.jobs.cancel.assert_called_once_with(job_ids=[5])
-    cluster_job = {"job_ids": ["dev:3"]}
+    cluster_job = backend.ref_from_record({"job_ids": ["dev:3"]})
     sdk.get.return_value = {3: sdk.JobStatus.SUCCEEDED}
-    assert skypilot.status(cluster_job) == "COMPLETED"
-    skypilot.cancel(cluster_job)
+    assert backend.states([cluster_job])[0].state is JobState.COMPLETED
+    backend.cancel([cluster_job])
     sdk.cancel.assert_called_once_with("dev", job_ids=[3])
 
 
@@ -185,7 +200,7 @@ def test_planned_run_script_trains_on_two_nodes_and_resumes_after_preemption(sky
         "skypilot.checkpoint_bucket=test-bucket", f"skypilot.checkpoint_mount={bucket}", f"skypilot.master_port={port}",
         "++skypilot.env_vars.OMP_NUM_THREADS=1", "step_scheduler.max_steps=40", "step_scheduler.checkpoint_interval=2",
         "step_scheduler.log_interval=1", "step_scheduler.local_batch_size=2", "data.seq_len=32"])
-    task, out_dir = plan.payload.task, bucket / plan.payload.name
+    task, out_dir = plan.request.task, bucket / plan.request.name
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "SKYPILOT_NUM_NODES": "2",
            "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n", "SKYPILOT_NUM_GPUS_PER_NODE": "0", "CUDA_VISIBLE_DEVICES": ""}
     latest = out_dir / "checkpoints" / "latest"

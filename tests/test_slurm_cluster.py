@@ -6,6 +6,7 @@ states (COMPLETED, CANCELLED); a requeued job restarts within seconds. About 20-
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import textwrap
@@ -119,3 +120,13 @@ def test_requeued_job_restarts_quickly(slurm_cluster: SlurmCluster, tmp_path: Pa
     finally:
         slurm_cluster.run("scancel", job_id, check=False)
         slurm_cluster.wait_gone(job_id, timeout=30)
+
+
+def test_generated_config_names_no_path_outside_the_state_dir(slurm_cluster: SlurmCluster) -> None:
+    """slurm.conf is rewritten on every `up`; every path in it (values and comments) lies in the state dir or
+    /tmp, so the cluster depends on nothing outside the repository's checkout and its state dir."""
+    text = slurm_cluster.conf.read_text()
+    paths = re.findall(r"(?<![\w.])/[^\s,;)]+", text)
+    assert paths, "no path found: the pattern is wrong"
+    outside = [p for p in paths if not (p.startswith(f"{slurm_cluster.dir}/") or p.startswith("/tmp/"))]
+    assert outside == [], f"{slurm_cluster.conf} names paths outside {slurm_cluster.dir}: {outside}"

@@ -21,10 +21,11 @@ import pytest
 
 from automodel_hydra import config
 from automodel_hydra.backends import slurm
-from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob, normalize_state
 from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
-from automodel_hydra.config import ConfigError, parse_slurm_time
-from automodel_hydra.plan import JobSpec, Plan
+from automodel_hydra.backends.slurm import parse_slurm_time
+from automodel_hydra.schema import ConfigError
+from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError
+from automodel_hydra.states import JobState
 from tests.helpers import ROOT, compose_cfg
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_2nodes.txt"
@@ -50,7 +51,7 @@ def load(overrides: tp.Sequence[str], output_dir: Path | str = JOB.job_dir,
 
 
 def script(overrides: tp.Sequence[str] = (), job: JobSpec = JOB, **fields: tp.Any) -> str:
-    return slurm.plan(load(overrides, job.job_dir, **fields), job).files["sbatch.sh"]
+    return slurm.Slurm().plan(load(overrides, job.job_dir, **fields), job).files["sbatch.sh"]
 
 
 def directives(text: str) -> dict[str, str]:
@@ -98,6 +99,7 @@ def test_unset_options_are_left_out() -> None:
                 "requeue", "wckey"):
         assert key not in d, key
     assert "None" not in text and "=null" not in text
+    assert "no-requeue" in d  # else the cluster's JobRequeue=1 default requeues it after a node failure
     assert "export AUTOMODEL_MAX_REQUEUES=0" in text
 
 
@@ -114,9 +116,10 @@ def test_bad_times_are_rejected(value: str) -> None:
         load([f"slurm.time='{value}'"])
 
 
-def test_time_shorter_than_the_signal_margin_is_rejected() -> None:
-    with pytest.raises(ConfigError, match="signal_delay_s"):
-        load(["slurm.time=5", "slurm.signal_delay_s=300"])
+def test_time_shorter_than_twice_the_margin_signals_at_half_the_limit() -> None:
+    text = script(["slurm.time=5", "slurm.signal_delay_s=300"])
+    assert directives(text)["signal"] == "USR2@150"
+    assert "checkpoint margin 150s" in text
 
 
 def test_container_flags_and_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,16 +145,18 @@ def test_no_container_runs_this_python_on_this_source(monkeypatch: pytest.Monkey
     assert "/host/venv/bin/python -u -m automodel_hydra.worker" in text
 
 
-def test_mount_sources_must_exist(tmp_path: Path) -> None:
+def test_mount_sources_must_exist_on_the_submitting_host(tmp_path: Path) -> None:
+    cfg = load([f"slurm.extra_mounts=['{tmp_path}/missing:/data']", "slurm.container_image=img"])
     with pytest.raises(ConfigError, match=r"slurm.extra_mounts\[0\].source"):
-        load([f"slurm.extra_mounts=['{tmp_path}/missing:/data']"])
+        slurm.Slurm().preflight([cfg])
 
 
 def test_sbatch_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    plan = slurm.plan(load([], tmp_path), JobSpec(tmp_path, "train"))
+    backend = slurm.Slurm()
+    (batch,) = backend.batches([backend.plan(load([], tmp_path), JobSpec(tmp_path, "train"))], None)
     with pytest.raises(RuntimeError, match="sbatch is not on PATH.*module load slurm.*slurm-client"):
-        slurm.submit([plan])
+        backend.submit(batch)
 
 
 def test_env_refs_are_never_expanded_into_the_script(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,55 +287,75 @@ def test_one_cuda_device_per_local_rank(local_rank: int, gpus: int, device: str)
 WEIRD = "we ird 'q' \"dq\" ; echo INJECTED > MARK1 $(touch MARK2) `touch MARK3` \\ end"
 
 
+def test_a_backslash_in_the_run_dir_is_refused_naming_the_log_option(tmp_path: Path) -> None:
+    """sbatch drops a backslash from a filename pattern (sbatch(1)): the log would land elsewhere."""
+    job = JobSpec(tmp_path / "a\\b" / "job", job_name="train")
+    with pytest.raises(ValueError, match="--output=.*cannot contain a backslash"):
+        script([], job=job)
+
+
 def test_weird_values_stay_data_when_bash_runs_the_script(standins: Path, tmp_path: Path) -> None:
-    job = JobSpec(tmp_path / WEIRD / "job", job_name=f"train {WEIRD}")
+    job = JobSpec(tmp_path / WEIRD.replace("\\", "") / "job", job_name=f"train {WEIRD}")
     env_value = f"line1\n{WEIRD}\n$HOME ${{HOME}}"
     text = script(["profile=nsys", "slurm.nodes=1", "slurm.ntasks_per_node=2"], job=job, job_name=f"llm {WEIRD}",
                   env_vars={"WEIRD": env_value}, srun_args=[f"--comment={WEIRD}"])
     (tmp_path / "bin" / "nsys").write_text("")  # the node-side nsys check only needs it on PATH
     (tmp_path / "bin" / "nsys").chmod(0o755)
     seen = run_script(text, standins, tmp_path, nodes=1)
-    assert seen["env"]["WEIRD"] == env_value
+    # $HOME and ${HOME} are references, expanded where the job runs (a shell's meaning); the rest stays data
+    assert seen["env"]["WEIRD"] == env_value.replace("$HOME ${HOME}", f"{seen['env']['HOME']} {seen['env']['HOME']}")
     assert seen["env"]["AUTOMODEL_JOB_DIR"] == str(job.job_dir)
     args = worker_args(seen["argv"])
     assert args == [str(job.job_file), "--log-file", str(job.log_file)]
     assert f"--comment={WEIRD}" in seen["argv"]
     assert f"--output={job.job_dir}/{job.job_name}_%h_rank%q{{SLURM_PROCID}}" in seen["argv"]
     assert not list(tmp_path.glob("MARK*")) and not list(Path.cwd().glob("MARK*")), "a value ran as code"
-    assert directives(text)["job-name"].startswith("'llm we ird")  # sbatch parses quoted #SBATCH values
+    assert directives(text)["job-name"].startswith('"llm we ird')  # sbatch parses quoted #SBATCH values
 
 
 # ----------------------------------------------------------------------------------------------- sweeps: job arrays
 
 
-def sweep_plans(tmp_path: Path, n: int, overrides: tp.Sequence[str] = ()) -> list[Plan]:
+def sweep_plans(tmp_path: Path, n: int, overrides: tp.Sequence[str] = ()) -> list[Plan[slurm.Request]]:
     plans = []
     for i in range(n):
         job = JobSpec(tmp_path / "sweep" / str(i), "train", overrides=(f"optim.lr={i}",), job_num=i)
-        plans.append(slurm.plan(load(["slurm.array_parallelism=2", *overrides], job.job_dir), job))
+        plans.append(slurm.Slurm().plan(load(["slurm.array_parallelism=2", *overrides], job.job_dir), job))
     return plans
 
 
-def test_sweep_is_one_array_and_task_i_runs_job_i(standins: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm, "max_array_size", lambda: 1001)
+def sweep_batches(plans: tp.Sequence[Plan[slurm.Request]], sweep_dir: Path,
+                  max_array_size: int = 1001) -> tuple[slurm.Slurm, list[Batch[slurm.Request]]]:
+    backend = slurm.Slurm()
+    backend.max_array_size = max_array_size
+    return backend, backend.batches(plans, sweep_dir)
+
+
+def write(batch: Batch[tp.Any]) -> None:
+    """What the driver does with a batch before submitting it."""
+    for path, text in batch.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_sweep_is_one_array_and_task_i_runs_job_i(standins: Path, tmp_path: Path) -> None:
     plans = sweep_plans(tmp_path, 3)
     assert len({p.group_key for p in plans}) == 1
-    files = slurm.sweep_files(plans, tmp_path / "sweep")
-    assert list(files) == ["sbatch.sh"]
-    text = files["sbatch.sh"]
+    _, (batch,) = sweep_batches(plans, tmp_path / "sweep")
+    text = batch.files[tmp_path / "sweep" / "launch" / "sbatch.sh"]
     assert directives(text)["array"] == "0-2%2"
     assert directives(text)["output"] == f"{tmp_path}/sweep/slurm/%A_%a_0_log.out"
     for i in range(3):
         seen = run_script(text, standins, tmp_path, job_id=500 + i, nodes=1, SLURM_ARRAY_TASK_ID=str(i))
         assert worker_args(seen["argv"])[0] == str(plans[i].job.job_file)
+        assert batch.files[plans[i].job.launch_dir / "sbatch.sh"] == plans[i].files["sbatch.sh"]  # its own script
 
 
-def test_sweep_larger_than_max_array_size_is_split(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(slurm, "max_array_size", lambda: 2)
-    files = slurm.sweep_files(sweep_plans(tmp_path, 5), tmp_path / "sweep")
-    assert list(files) == ["sbatch.sh", "sbatch_2.sh", "sbatch_4.sh"]
-    assert [directives(t)["array"] for t in files.values()] == ["0-1%2", "0-1%2", "0-0%1"]
+def test_sweep_larger_than_max_array_size_is_split(tmp_path: Path) -> None:
+    _, batches = sweep_batches(sweep_plans(tmp_path, 5), tmp_path / "sweep", max_array_size=2)
+    scripts = [{p.name: t for p, t in b.files.items() if p.parent == tmp_path / "sweep" / "launch"} for b in batches]
+    assert [list(s) for s in scripts] == [["sbatch.sh"], ["sbatch_2.sh"], ["sbatch_4.sh"]]
+    assert [directives(t)["array"] for s in scripts for t in s.values()] == ["0-1%2", "0-1%2", "0-0%1"]
 
 
 def test_different_slurm_options_make_different_arrays(tmp_path: Path) -> None:
@@ -342,14 +367,12 @@ def test_different_slurm_options_make_different_arrays(tmp_path: Path) -> None:
 def test_max_array_size_is_read_from_the_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _write_exe(tmp_path / "scontrol", "#!/bin/sh\necho 'MaxArraySize            = 40'\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    slurm.max_array_size.cache_clear()
-    try:
-        assert slurm.max_array_size() == 40
-        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-        slurm.max_array_size.cache_clear()
-        assert slurm.max_array_size() == slurm.DEFAULT_MAX_ARRAY_SIZE
-    finally:
-        slurm.max_array_size.cache_clear()
+    backend = slurm.Slurm()
+    backend.preflight([])
+    assert backend.max_array_size == 40
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    backend.preflight([])
+    assert backend.max_array_size == slurm.DEFAULT_MAX_ARRAY_SIZE
 
 
 # ----------------------------------------------------------------------------------------------- submit, status
@@ -357,58 +380,98 @@ def test_max_array_size_is_read_from_the_cluster(monkeypatch: pytest.MonkeyPatch
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Stand-in sbatch (keeps a copy of what it was given, answers job 42), sacct (accounting off) and squeue."""
+    """Stand-in sbatch (keeps a copy of what it was given, answers job 42 as ``--parsable`` does), sacct
+    (accounting off) and squeue (one line per array task, as ``squeue --array`` prints)."""
     bin_dir = tmp_path / "fakebin"
     bin_dir.mkdir()
-    _write_exe(bin_dir / "sbatch", f'#!/bin/sh\ncp "$1" {tmp_path}/submitted.sh\necho "Submitted batch job 42"\n')
+    _write_exe(bin_dir / "sbatch", f'#!/bin/sh\nfor a; do f=$a; done\ncp "$f" {tmp_path}/submitted.sh\necho 42\n')
     _write_exe(bin_dir / "sacct", "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
-    _write_exe(bin_dir / "squeue", "#!/bin/sh\nprintf '42_0|COMPLETED\\n42_[1-2%%2]|PENDING\\n'\n")
+    _write_exe(bin_dir / "squeue",
+               "#!/bin/sh\nprintf '42_0|COMPLETED|None\\n42_1|PENDING|Priority\\n42_2|PENDING|Priority\\n'\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(slurm, "max_array_size", lambda: 1001)
     return tmp_path
 
 
-def test_submit_array_keeps_the_exact_script_in_every_job_dir(fake_slurm: Path) -> None:
+def test_submit_runs_the_array_script_planning_wrote_and_writes_nothing(fake_slurm: Path) -> None:
     plans = sweep_plans(fake_slurm, 3)
-    subs = slurm.submit(plans)
-    submitted = (fake_slurm / "submitted.sh").read_text()
+    backend, (batch,) = sweep_batches(plans, fake_slurm / "sweep")
+    write(batch)
+    before = {p: p.read_text() for p in batch.files}
+    subs = backend.submit(batch)
+    assert (fake_slurm / "submitted.sh").read_text() == batch.files[fake_slurm / "sweep" / "launch" / "sbatch.sh"]
+    assert {p: p.read_text() for p in batch.files} == before
     assert [s.ids for s in subs] == [["42_0"], ["42_1"], ["42_2"]]
     assert subs[1].log_path == f"{fake_slurm}/sweep/slurm/42_1_0_log.out"
     assert (fake_slurm / "sweep" / "slurm").is_dir()  # sbatch does not create its log dir
-    assert submitted == slurm.sweep_files(plans, fake_slurm / "sweep")["sbatch.sh"]
-    for p in plans:
-        assert (p.job.launch_dir / "sbatch.sh").read_text() == submitted
-    assert [slurm.status(s.record()) for s in subs] == ["COMPLETED", "PENDING", "PENDING"]
+    infos = backend.states([s.ref for s in subs])
+    assert [i.state for i in infos] == [JobState.COMPLETED, JobState.PENDING, JobState.PENDING]
+    assert infos[1].reason == "Priority" and infos[0].reason == ""
 
 
-def test_status_is_unknown_when_no_tool_knows_the_job(fake_slurm: Path) -> None:
+@pytest.mark.parametrize("said, hint", [
+    ("sbatch: error: Unable to contact slurm controller (connect failure)", "login node"),
+    ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host", "does not resolve"),
+    ("sbatch: fatal: Could not establish a configuration source", "set SLURM_CONF"),
+])
+def test_no_reachable_cluster_says_what_is_missing(fake_slurm: Path, said: str, hint: str) -> None:
+    _write_exe(fake_slurm / "fakebin" / "sbatch", f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
+    backend = slurm.Slurm()
+    (batch,) = backend.batches([backend.plan(load([], fake_slurm / "r"), JobSpec(fake_slurm / "r", "train"))], None)
+    with pytest.raises(RuntimeError, match=hint):
+        backend.submit(batch)
+
+
+def test_slurm_conf_that_is_no_file_fails_preflight_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nope.conf"))
+    with pytest.raises(PreflightError, match="SLURM_CONF=.*nope.conf is not a file"):
+        slurm.Slurm().preflight([load([], tmp_path)])
+
+
+def test_state_is_unknown_when_no_tool_knows_the_job(fake_slurm: Path) -> None:
     _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nexit 0\n")
-    assert slurm.status({"job_ids": ["77"], "job_dir": str(fake_slurm)}) == "UNKNOWN"
+    assert slurm.Slurm().states([slurm.SlurmRef("77")])[0].state is JobState.UNKNOWN
 
 
-@pytest.mark.parametrize("raw, state", [("CANCELLED by 0", "CANCELLED"), ("OUT_OF_MEMORY", "FAILED"),
+@pytest.mark.parametrize("raw, state", [("CANCELLED by 0", "CANCELLED"), ("OUT_OF_MEMORY", "OUT_OF_MEMORY"),
                                         ("REQUEUED", "PENDING"), ("COMPLETING", "RUNNING"), ("", "UNKNOWN"),
-                                        ("TIMEOUT", "TIMEOUT"), ("RUNNING", "RUNNING")])
-def test_states_are_normalized(raw: str, state: str) -> None:
-    assert normalize_state(raw) == state
+                                        ("TIMEOUT", "TIMEOUT"), ("RUNNING", "RUNNING"), ("PREEMPTED", "PREEMPTED"),
+                                        ("NODE_FAIL", "NODE_FAIL"), ("DEADLINE", "DEADLINE")])
+def test_states_are_slurms_own_names(raw: str, state: str) -> None:
+    assert JobState.from_slurm(raw).value == state
 
 
-def test_jobs_are_submitit_jobs(fake_slurm: Path) -> None:
-    (sub,) = slurm.submit([slurm.plan(load([], fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))])
-    assert isinstance(sub.handle[0], AutomodelSlurmJob) and sub.ids == ["42"]
+@pytest.mark.parametrize("state", ["PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "TIMEOUT",
+                                   "CANCELLED", "FAILED", "COMPLETED"])
+def test_every_documented_final_state_ends_the_wait(fake_slurm: Path, state: str) -> None:
+    _write_exe(fake_slurm / "fakebin" / "squeue", f"#!/bin/sh\nprintf '42|{state}|None\\n'\n")
+    backend = slurm.Slurm()
+    (batch,) = backend.batches([backend.plan(load([], fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))],
+                               None)
+    (sub,) = backend.submit(batch)
+    (result,) = backend.wait([sub], max_poll_s=0.1)
+    assert result.state is (JobState.FAILED if state == "COMPLETED" else JobState(state))  # no result.json
+
+
+def test_single_job_reference(fake_slurm: Path) -> None:
+    backend = slurm.Slurm()
+    plan = backend.plan(load([], fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))
+    (sub,) = backend.submit(backend.batches([plan], None)[0])
+    assert sub.ids == ["42"] and backend.ref_from_record(sub.record()).job_id == "42"
     assert sub.log_path == f"{fake_slurm}/run/slurm/42_0_log.out"
-    assert sub.plan.payload.wait is False  # a single run returns at once unless slurm.wait
+    assert plan.wait is False  # a single run returns at once unless slurm.wait
 
 
 def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> None:
     plans = sweep_plans(fake_slurm, 3)
-    subs = slurm.submit(plans)
+    backend, (batch,) = sweep_batches(plans, fake_slurm / "sweep")
+    subs = backend.submit(batch)
+    (plans[0].job.job_dir / "result.json").parent.mkdir(parents=True, exist_ok=True)
     (plans[0].job.job_dir / "result.json").write_text('{"loss": 1.5, "step": 5}')
-    (ok,) = slurm.wait([subs[0]])
+    (ok,) = backend.wait([subs[0]])
     assert ok.ok and ok.value == {"loss": 1.5, "step": 5}
-    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_1|FAILED\\n'\n")
-    (failed,) = slurm.wait([subs[1]])
-    assert failed.state == "FAILED" and "42_1" in failed.error and "42_1_0_log.out" in failed.error
+    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_1|FAILED|None\\n'\n")
+    (failed,) = backend.wait([subs[1]])
+    assert failed.state is JobState.FAILED and "42_1" in failed.error and "42_1_0_log.out" in failed.error
 
 
 def test_an_empty_argument_stays_an_argument() -> None:

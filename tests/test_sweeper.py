@@ -17,8 +17,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, RunMode
 from omegaconf import OmegaConf
 
-import automodel_hydra.config  # noqa: F401  (registers the typed schemas the configs compose with)
-from hydra_plugins.automodel_hydra_launcher.launchers import SlurmLauncher
+from hydra_plugins.automodel_hydra_launcher.launcher import AutomodelLauncher
 from hydra_plugins.automodel_hydra_launcher.sweeper import AutomodelSweeper
 from tests.helpers import CONF, compose_cfg
 
@@ -36,11 +35,11 @@ class Recorder:
         return [JobReturn(status=JobStatus.COMPLETED, _return_value=None) for _ in job_overrides]
 
 
-class RecordingSlurmLauncher(SlurmLauncher, Recorder):
-    """One of our launchers (so the sweeper trusts it to validate), recording instead of planning."""
+class RecordingAutomodelLauncher(AutomodelLauncher, Recorder):
+    """Our launcher (so the sweeper trusts it to validate), recording instead of planning."""
 
     def __init__(self) -> None:
-        SlurmLauncher.__init__(self)
+        AutomodelLauncher.__init__(self)
         Recorder.__init__(self)
 
     def launch(self, job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -69,8 +68,9 @@ def sweep(overrides: list[str], tmp_path: Path, launchers: dict[str, Recorder],
     out = {}
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         loader = GlobalHydra.instance().config_loader()
-        cfg = loader.load_configuration("llm_finetune", [*overrides, f"hydra.sweep.dir={tmp_path}"],
-                                        run_mode=RunMode.MULTIRUN)
+        # Hydra's own sweeper as the reference (the project's config selects ours)
+        cfg = loader.load_configuration("llm_finetune", [*overrides, f"hydra.sweep.dir={tmp_path}",
+                                                         "hydra/sweeper=basic"], run_mode=RunMode.MULTIRUN)
         context = HydraContext(config_loader=loader, callbacks=tp.cast(tp.Any, None))
         task = tp.cast(list[str], OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False))
         for name, launcher in launchers.items():
@@ -143,7 +143,7 @@ def test_batches_number_jobs_on(tmp_path: Path) -> None:
 
 def test_our_launcher_skips_the_validation_compose_any_other_keeps_it(tmp_path: Path) -> None:
     validated: list[Batch] = []
-    ours(["seed=1,2,3"], tmp_path / "ours", RecordingSlurmLauncher(), validated)
+    ours(["seed=1,2,3"], tmp_path / "ours", RecordingAutomodelLauncher(), validated)
     assert validated == []
     other = RecordingForeignLauncher()
     ours(["seed=1,2,3"], tmp_path / "other", other, validated)

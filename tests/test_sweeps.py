@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import automodel_hydra.config  # noqa: F401  (registers the typed schemas the configs compose with)
 from automodel_hydra.backends.interactive import free_port
 from tests.helpers import CONF, ROOT, compose_cfg, metrics, train_py
 
@@ -37,7 +36,7 @@ def test_sweep_composes_as_a_multirun_and_documents_its_command(name: str) -> No
 
 def test_slurm_nodes_routes_to_slurm() -> None:
     cfg = compose_cfg(["sweep=slurm_nodes"])
-    assert cfg.hydra.launcher._target_.endswith(".SlurmLauncher")
+    assert cfg.hydra.launcher._target_.endswith(".AutomodelLauncher")
     assert cfg.slurm is not None and "slurm.nodes" in cfg.hydra.sweeper.params
 
 
@@ -71,7 +70,7 @@ def test_slurm_nodes_dry_run_plans_one_array_per_node_count(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_slurm_seed_sweep_dry_run_writes_one_plan_with_a_single_array(tmp_path: Path) -> None:
-    """Issue 6's done-when: ``python train.py -m seed=1,2,3 launcher=slurm slurm.partition=debug dry_run=true``."""
+    """``python train.py -m seed=1,2,3 launcher=slurm slurm.partition=debug dry_run=true``."""
     sweep = tmp_path / "S2"
     train_py("-m", "seed=1,2,3", "launcher=slurm", "slurm.partition=debug", "dry_run=true", f"hydra.sweep.dir={sweep}")
     scripts = list((sweep / "launch").glob("*.sh"))

@@ -3,6 +3,11 @@
 ``plan`` writes ``launch/torchrun.sh``: the exact command, runnable by hand. ``submit`` starts one torchrun group
 per job; a sweep's jobs run side by side on disjoint devices (``CUDA_VISIBLE_DEVICES`` on GPUs, CPU affinity and
 ``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous port, at most ``interactive.max_parallel`` at once.
+
+Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``lock`` (held by the job's processes while they run:
+a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output in
+a sweep, where jobs run side by side) and ``cancelled`` (written by a cancel: torchrun itself exits 1 on SIGTERM, so
+the mark is what tells a cancelled job from a failed one).
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import os
 import shlex
@@ -19,19 +23,54 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import typing as tp
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
-from automodel_hydra.config import TrainConfig
-from automodel_hydra.plan import JobResult, JobSpec, Plan, Submission, worker_argv
+from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, read_result, worker_argv
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
+from automodel_hydra.schema import at_least, check_port, require
+from automodel_hydra.states import JobState, StateInfo
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-NAME = "interactive"
 SCRIPT = "torchrun.sh"
-CANCELLED_MARK = "cancelled"  # issue 6: written by cancel(record); torchrun itself exits 1 on SIGTERM
+CANCELLED_MARK = "cancelled"
+LOCK = "lock"
+
+
+@dataclass
+class InteractiveConfig:
+    """torchrun on this node (``launcher=interactive``, the default)."""
+
+    # workers on this node: "auto" = one per visible GPU, else one per CPU core; or an integer >= 1
+    nproc_per_node: str = "auto"
+    # rendezvous port; null = one the OS picks, so jobs sharing the host never collide (rank 0 logs it); a port
+    # given here moves to the next free one when taken (logged)
+    master_port: tp.Optional[int] = None
+    # torchrun --max-restarts: restart the whole worker group this often after a worker fails
+    max_restarts: int = 0
+    # sweeps (-m): jobs run side by side on disjoint devices; null = as many as the devices allow
+    max_parallel: tp.Optional[int] = None
+    # not supported here: requeue is a Slurm feature (slurm.max_requeues); set only to get a clear error
+    max_requeues: tp.Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node != "auto":
+            ok = str(self.nproc_per_node).isdigit() and int(self.nproc_per_node) >= 1
+            require(ok, "interactive.nproc_per_node", self.nproc_per_node, "'auto' or an integer >= 1")
+        if self.master_port is not None:
+            check_port("interactive.master_port", self.master_port)
+        require(self.max_restarts >= 0, "interactive.max_restarts", self.max_restarts, "must be >= 0")
+        at_least("interactive.max_parallel", self.max_parallel)
+        require(self.max_requeues is None, "interactive.max_requeues", self.max_requeues,
+                "requeue is a Slurm feature (launcher=slurm slurm.max_requeues=N); interactive runs restart "
+                "failed workers with interactive.max_restarts")
 
 
 def cuda_device_count() -> int:
@@ -56,44 +95,30 @@ def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Payload:
+class Request:
+    """What starting one torchrun group needs besides its script."""
+
     nproc: int
     master_port: int | None
     max_parallel: int | None
     uses_gpus: bool
+    env: tuple[tuple[str, str], ...]  # hydra.job.env_set
+    workdir: str | None
 
 
-def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
-    """torchrun argv for ``cfg.interactive`` as a bash script (pure apart from counting devices)."""
-    ic = cfg.interactive
-    gpus = cuda_device_count()
-    nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpu_cores()))
-    worker = worker_argv(job, python=sys.executable)
-    prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d"]
-    # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
-    tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
-    lines = [
-        "#!/usr/bin/env bash",
-        # issue 7: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
-        f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
-        "# Rendezvous port: AUTOMODEL_RDZV_PORT (interactive.master_port, moved to a free one at start), or 0: the",
-        "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
-        "set -euo pipefail",
-        *nsys_check_lines(cfg.profile.nsys),
-        f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        "export PYTHONUNBUFFERED=1",
-        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, len(cpu_cores()) // nproc)}}}  # CPU threads per worker",
-        "exec " + shlex.join(torchrun) + ' --rdzv-endpoint="127.0.0.1:${AUTOMODEL_RDZV_PORT:-0}" '
-        + shlex.join(tail),
-        "",
-    ]
-    payload = Payload(nproc, ic.master_port, ic.max_parallel, gpus > 0)
-    return Plan(NAME, job, {SCRIPT: "\n".join(lines)}, payload, group_key=(ic.max_parallel,))
+@dataclasses.dataclass(frozen=True)
+class LocalRef:
+    """A local job: its dir (the run lock and pid live in ``launch/``) and when it was started (epoch s)."""
+
+    job_dir: str
+    started_at: float = 0.0
+
+    @property
+    def ids(self) -> list[str]:
+        pid = _pid(Path(self.job_dir))
+        return [str(pid)] if pid is not None else []
 
 
-# ----------------------------------------------------------------------------------------------- side effects
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -111,9 +136,6 @@ def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
         if port not in exclude and port_is_free(port):
             return port
     raise RuntimeError(f"no free TCP port in {start}..{start + 1999}")
-
-
-LOCK = "lock"
 
 
 def lock_job_dir(job: JobSpec) -> int:
@@ -152,12 +174,14 @@ def job_running(job_dir: Path) -> bool:
     return False
 
 
+
 class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
-    def __init__(self, plans: tp.Sequence[Plan], quiet: bool, locks: tp.Sequence[int]) -> None:
-        self.plans, self.quiet, self.locks = plans, quiet, locks
-        first = plans[0].payload
+    def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int],
+                 started_at: float) -> None:
+        self.plans, self.quiet, self.locks, self.started_at = plans, quiet, locks, started_at
+        first = plans[0].request
         self.slots = list(range(cuda_device_count())) if first.uses_gpus else cpu_cores()
         self.max_parallel = first.max_parallel or len(plans)
         self.futures: list[Future[JobResult]] = [Future() for _ in plans]
@@ -169,54 +193,59 @@ class _Scheduler:
         threading.Thread(target=self._loop, name="automodel-interactive", daemon=True).start()
 
     def _loop(self) -> None:
-        free, running, ports = list(self.slots), {}, set()
+        free = list(self.slots)
+        running: dict[int, tuple[list[int], int | None, subprocess.Popen[bytes]]] = {}
+        ports: set[int] = set()
         pending = list(range(len(self.plans)))
         while pending or running:
             with self.cond:
                 while pending and not self.cancelled:
                     i = pending[0]
-                    need = min(self.plans[i].payload.nproc, len(self.slots))
+                    need = min(self.plans[i].request.nproc, len(self.slots))
                     if len(running) >= self.max_parallel or (running and need > len(free)):
                         break
                     pending.pop(0)
-                    if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # issue 6: cancelled while queued
-                        self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
+                    if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # cancelled while queued
+                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                         continue
                     devices, free = free[:need], free[need:]
-                    base = self.plans[i].payload.master_port
+                    base = self.plans[i].request.master_port
                     port = None if base is None else free_port(base, ports)
-                    ports.add(port)
+                    if port is not None:
+                        ports.add(port)
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
                     for i in pending:
-                        (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # issue 6: status says so later
-                        self.futures[i].set_result(JobResult("CANCELLED", error="cancelled before start"))
+                        (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # status says so later
+                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                     pending = []
                 self.cond.wait(timeout=0.2)
             for i, (devices, port, proc) in list(running.items()):
                 if proc.poll() is not None:
                     del running[i]
                     free += devices
-                    ports.discard(port)
-                    self.futures[i].set_result(_result(self.plans[i], proc.returncode))
+                    if port is not None:
+                        ports.discard(port)
+                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.started_at))
 
     def _start(self, i: int, devices: list[int], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
-        env = dict(os.environ)
+        env = {**os.environ, **dict(plan.request.env)}
         env.pop("AUTOMODEL_RDZV_PORT", None)
         if port is not None:
             env["AUTOMODEL_RDZV_PORT"] = str(port)
         preexec = None
-        if packed and plan.payload.uses_gpus:
+        if packed and plan.request.uses_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         elif packed:
-            env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.payload.nproc))
+            env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.request.nproc))
             preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
         log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
-                 plan.payload.nproc, port or "picked by the OS (rank 0 logs it)", f", devices {devices}" if packed else "")
+                 plan.request.nproc, port or "picked by the OS (rank 0 logs it)", f", devices {devices}" if packed else "")
         out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
         proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
-                                start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],))
+                                start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
+                                cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
         (plan.job.launch_dir / "pid").write_text(f"{proc.pid}\n")
         self.procs[i] = proc
@@ -228,59 +257,150 @@ class _Scheduler:
             self.cancelled = True
             for i, proc in self.procs.items():
                 if proc.poll() is None:
-                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # issue 6: CANCELLED, not FAILED
+                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # CANCELLED, not FAILED
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGTERM)
             self.cond.notify_all()
 
 
-def _result(plan: Plan, returncode: int) -> JobResult:
-    result_file = plan.job.job_dir / "result.json"
-    if returncode == 0 and result_file.exists():
-        return JobResult("COMPLETED", json.loads(result_file.read_text()))
+
+def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResult:
+    value = read_result(plan.job)
+    if returncode == 0 and value is not None and plan.job.result_file.stat().st_mtime >= started_at - 1:
+        return JobResult(JobState.COMPLETED, value)
     tail = ""
     out = plan.job.launch_dir / "torchrun.out"
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()  # issue 6
-    state = "CANCELLED" if cancelled else "FAILED"
+    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
+    state = JobState.CANCELLED if cancelled else JobState.FAILED
     return JobResult(state, error=f"torchrun exited with {returncode} (job dir {plan.job.job_dir}){tail}")
 
 
-def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
-    """Start the planned torchrun groups (packed onto free devices). Returns at once; see :func:`wait`."""
-    for p in plans:  # issue 6: a rerun in the same dir starts uncancelled
-        (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
-    locks: list[int] = []
-    try:
-        for p in plans:  # every dir is ours before anything starts
-            locks.append(lock_job_dir(p.job))
-    except RuntimeError:
-        for fd in locks:
-            os.close(fd)
-        raise
-    sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks)
-    sched.start()
-    return [Submission(p, ids=[], log_path=str(p.job.log_file), handle=(sched, f)) for p, f in zip(plans, sched.futures)]
+class Interactive(Backend[Request, LocalRef]):
+    """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
+    name = "interactive"
 
-def wait(subs: tp.Sequence[Submission]) -> list[JobResult]:
-    """Block until every job ends. Ctrl-C / SIGTERM stops the workers with a checkpoint, then re-raises."""
-    restore = _raise_on_termination()
-    try:
-        return [s.handle[1].result() for s in subs]
-    except BaseException:
-        for s in subs:
-            s.handle[0].cancel()
-        for s in subs:
-            s.handle[1].result(timeout=120)
-        raise
-    finally:
-        restore()
+    def __init__(self) -> None:
+        self.gpus: int | None = None
+        self.cpus: list[int] = []
+        self._futures: dict[str, Future[JobResult]] = {}
+        self._schedulers: list[_Scheduler] = []
+
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+        from automodel_hydra.config import host_problems
+
+        for cfg in cfgs:
+            for problem in host_problems(cfg):
+                raise problem
+        self.gpus, self.cpus = cuda_device_count(), cpu_cores()
+
+    def _devices(self) -> tuple[int, list[int]]:
+        if self.gpus is None:  # planned without a preflight (tests of planning alone)
+            self.gpus, self.cpus = cuda_device_count(), cpu_cores()
+        return self.gpus, self.cpus
+
+    def world_size(self, cfg: TrainConfig) -> int:
+        gpus, cpus = self._devices()
+        return resolve_nproc(cfg.interactive.nproc_per_node, gpus, len(cpus))
+
+    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+        """torchrun argv for ``cfg.interactive`` as a bash script (pure, given the devices preflight counted)."""
+        ic = cfg.interactive
+        gpus, cpus = self._devices()
+        nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
+        worker = worker_argv(job, python=sys.executable)
+        prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+                    f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d"]
+        # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
+        tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
+        lines = [
+            "#!/usr/bin/env bash",
+            # !r: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
+            f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
+            "# Rendezvous port: AUTOMODEL_RDZV_PORT (interactive.master_port, moved to a free one at start), or 0: "
+            "the",
+            "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
+            "set -euo pipefail",
+            *nsys_check_lines(cfg.profile.nsys, shlex.quote(str(job.log_file))),
+            f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export PYTHONUNBUFFERED=1",
+            f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, len(cpus) // nproc)}}}  # CPU threads per worker",
+            *(["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)] if job.env else []),
+            *([f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir"] if job.workdir else []),
+            "exec " + shlex.join(torchrun) + ' --rdzv-endpoint="127.0.0.1:${AUTOMODEL_RDZV_PORT:-0}" '
+            + shlex.join(tail),
+            "",
+        ]
+        request = Request(nproc, ic.master_port, ic.max_parallel, gpus > 0, job.env,
+                          str(job.workdir) if job.workdir else None)
+        return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
+
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+        """All jobs in one batch: they are packed onto this node's devices together."""
+        files = {p.job.launch_dir / name: text for p in plans for name, text in p.files.items()}
+        return [Batch(tuple(plans), files)]
+
+    def submit(self, batch: Batch[Request]) -> list[Submission[LocalRef]]:
+        """Start the planned torchrun groups (packed onto free devices). Returns at once; see :meth:`wait`."""
+        plans = batch.plans
+        for p in plans:  # a rerun in the same dir starts uncancelled
+            (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
+        locks: list[int] = []
+        try:
+            for p in plans:  # every dir is ours before anything starts
+                locks.append(lock_job_dir(p.job))
+        except RuntimeError:
+            for fd in locks:
+                os.close(fd)
+            raise
+        started = time.time()
+        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks, started_at=started)
+        self._schedulers.append(sched)
+        sched.start()
+        subs = []
+        for p, future in zip(plans, sched.futures):
+            self._futures[str(p.job.job_dir)] = future
+            subs.append(Submission(p, LocalRef(str(p.job.job_dir), started), log_path=str(p.job.log_file)))
+        return subs
+
+    def wait(self, subs: tp.Sequence[Submission[LocalRef]]) -> list[JobResult]:
+        """Block until every job ends. Ctrl-C / SIGTERM stops the workers with a checkpoint, then re-raises."""
+        restore = _raise_on_termination()
+        futures = [self._futures[s.ref.job_dir] for s in subs]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for sched in self._schedulers:
+                sched.cancel()
+            for f in futures:
+                f.result(timeout=120)
+            raise
+        finally:
+            restore()
+
+    def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
+        return [StateInfo(local_state(Path(r.job_dir), r.started_at)) for r in refs]
+
+    def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
+        """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
+        for ref in refs:
+            job_dir = Path(ref.job_dir)
+            (job_dir / "launch" / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
+            pid = _pid(job_dir)
+            if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+
+    def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> LocalRef:
+        ref = record.get("ref") or {}
+        return LocalRef(str(ref.get("job_dir", record["job_dir"])), float(ref.get("started_at", 0.0)))
 
 
 def _raise_on_termination() -> tp.Callable[[], None]:
-    """issue 7: Python's default SIGTERM/SIGHUP action kills this process at once, and the torchrun groups (own
+    """Python's default SIGTERM/SIGHUP action kills this process at once, and the torchrun groups (own
     sessions) would train on unattended. Turn the first such signal into SystemExit(128 + signum), so :func:`wait`
     stops the workers with a checkpoint first; later ones are ignored while it does. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -302,29 +422,24 @@ def _raise_on_termination() -> tp.Callable[[], None]:
     return restore
 
 
-def status(record: dict[str, tp.Any]) -> str:
-    """State of a past interactive job from what it left behind (there is no scheduler to ask): RUNNING while its
-    processes hold the dir's run lock, COMPLETED when rank 0 wrote ``result.json``, else FAILED/CANCELLED."""
-    job_dir = Path(record["job_dir"])
+
+def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
+    """State of a local job from what it left behind (there is no scheduler to ask): RUNNING while its processes
+    hold the dir's run lock, COMPLETED when rank 0 wrote ``result.json`` after the job started, else
+    CANCELLED/FAILED; PENDING while a sweep's queue holds it."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
-        return "RUNNING" if _pid(job_dir) is not None else "PENDING"
-    if (job_dir / "result.json").exists():
-        return "COMPLETED"
-    if (job_dir / "launch" / CANCELLED_MARK).exists():  # issue 6: torchrun itself exits 1 on SIGTERM
-        return "CANCELLED"
-    return "FAILED" if _pid(job_dir) is not None else "PENDING"
+        return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
+    result = job_dir / "result.json"
+    if result.exists() and result.stat().st_mtime >= started_at - 1:
+        return JobState.COMPLETED
+    if (job_dir / "launch" / CANCELLED_MARK).exists():
+        return JobState.CANCELLED
+    return JobState.FAILED if _pid(job_dir) is not None else JobState.PENDING
 
 
 def _pid(job_dir: Path) -> int | None:
     path = job_dir / "launch" / "pid"
-    return int(path.read_text()) if path.exists() else None
-
-
-def cancel(record: dict[str, tp.Any]) -> None:
-    """SIGTERM the job's torchrun process group (workers checkpoint at the next step, then exit)."""
-    (Path(record["job_dir"]) / "launch" / CANCELLED_MARK).touch()  # issue 6: read by status and by the queue
-    job_dir = Path(record["job_dir"])
-    pid = _pid(job_dir)
-    if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,9 +1,10 @@
 """SkyPilot backend: one task per job; a managed job (``sky.jobs.launch``) when ``use_spot``, so preemptions are
-recovered, else ``sky.launch`` on a named cluster. SPEC section 3; SkyPilot 0.14.1 facts: ../shared/notes/.
+recovered, else ``sky.launch`` on a named cluster. Facts of SkyPilot 0.14.1 it relies on: docs/skypilot.md.
 
 :func:`make_plan` is pure (no ``import sky``): ``launch/sky_task.yaml`` (the task) and ``launch/job.sky.yaml`` (the
-job config with node paths, mounted at ``~/automodel/<key>/launch/job.yaml``). :func:`plan` adds :func:`validate`
-(SkyPilot's own schema and ``sky.Task`` construction), so a bad field fails before anything is written or launched.
+rank-side spec with node paths, mounted at ``~/automodel/<key>/launch/job.yaml``). :meth:`SkyPilot.check` runs
+:func:`validate` (SkyPilot's own schema and ``sky.Task`` construction) on every planned task, so a bad field fails
+before anything is written or launched.
 
 Node paths hang off the run key (:func:`run_key`), which a managed job keeps across recoveries. With a bucket
 (required for spot) the output dir and checkpoints live in ``<checkpoint_mount>/<key>``, mounted ``MOUNT_CACHED``
@@ -11,7 +12,7 @@ Node paths hang off the run key (:func:`run_key`), which a managed job keeps acr
 command on fresh nodes, finds ``checkpoints/latest`` there and resumes. Without: ``~/automodel/<key>`` per node.
 
 Secrets (``env_vars`` ``"${VAR}"``) are listed under ``secrets:`` by name only (null = supplied at launch, as
-``sky launch --secret NAME``); :func:`submit` puts the values from this shell into the in-memory ``sky.Task``. A
+``sky launch --secret NAME``); :meth:`SkyPilot.submit` puts the values from this shell into the in-memory ``sky.Task``. A
 failing ``setup`` fails the launch: SkyPilot raises ``Failed to setup with return code N``
 (``sky/backends/cloud_vm_ray_backend.py``) or marks a managed job ``FAILED_SETUP`` (``sky/jobs/controller.py``);
 run never starts. Setup runs under ``set -eo pipefail``, so every line counts, not only the last.
@@ -38,23 +39,31 @@ from pathlib import Path
 
 import yaml
 
-from automodel_hydra.config import ConfigError, SkyPilotConfig, TrainConfig, parse_env_vars, to_dict
-from automodel_hydra.plan import FINISHED, JobResult, JobSpec, Plan, Submission
+from dataclasses import dataclass, field
+
+from automodel_hydra.bootstrap import DEFAULT_PORT
+from automodel_hydra.envvars import parse_env_vars
+from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission
 from automodel_hydra.profile import nsys_prefix
+from automodel_hydra.schema import ConfigError, at_least, check_port, require
+from automodel_hydra.states import JobState, StateInfo
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-NAME = "skypilot"
 TASK_FILE = "sky_task.yaml"
 NODE_JOB_FILE = "job.sky.yaml"
 #: Node 0 prints ``<RESULT_MARK><result.json on one line>`` after training (read back by :func:`wait`).
 RESULT_MARK = "automodel-result: "
 #: Seconds between status polls in :func:`wait`.
 POLL_S = 15.0
-#: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> Slurm state names (plan.STATES).
+#: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> the product's state names
+#: (Slurm's): a recovering managed job is PENDING (it will run again); SkyPilot's failure kinds are FAILED.
 STATE = {
     "INIT": "PENDING", "PENDING": "PENDING", "SUBMITTED": "PENDING", "STARTING": "PENDING", "SETTING_UP": "PENDING",
-    "RUNNING": "RUNNING", "WINDING_DOWN": "RUNNING", "CANCELLING": "RUNNING", "RECOVERING": "PREEMPTED",
+    "RUNNING": "RUNNING", "WINDING_DOWN": "RUNNING", "CANCELLING": "RUNNING", "RECOVERING": "PENDING",
     "SUCCEEDED": "COMPLETED", "CANCELLED": "CANCELLED",
     "FAILED": "FAILED", "FAILED_SETUP": "FAILED", "FAILED_PRECHECKS": "FAILED", "FAILED_NO_RESOURCE": "FAILED",
     "FAILED_CONTROLLER": "FAILED", "FAILED_DRIVER": "FAILED",
@@ -65,9 +74,114 @@ class SkyPilotPlanError(ValueError):
     """SkyPilot's own schema or ``sky.Task`` construction rejected the planned task; the message names the field."""
 
 
+# ----------------------------------------------------------------------------------------------- schema
+
+
+#: Clouds SkyPilot's launcher section accepts .
+SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "kubernetes")
+
+
+@dataclass
+class SkyPilotConfig:
+    """One SkyPilot task per job. Spot jobs run as SkyPilot managed jobs (preemptions recovered);
+    on-demand jobs run on a named cluster (``sky.launch``). See :mod:`automodel_hydra.backends.skypilot`."""
+
+    # aws | gcp | azure | lambda | kubernetes
+    cloud: str = "aws"
+    # NAME:COUNT, e.g. H100:8 or A100-80GB:4; null = CPU instances
+    accelerators: tp.Optional[str] = "H100:8"
+    # instances (nodes), >= 1
+    num_nodes: int = 1
+    # preemptible instances, run as a SkyPilot managed job so preemptions are recovered (needs checkpoint_bucket)
+    use_spot: bool = False
+    # disk per node in GB, > 0; null = SkyPilot's default
+    disk_size: tp.Optional[int] = None
+    # cloud region (kubernetes: the context); null = any
+    region: tp.Optional[str] = None
+    # shell run in the workdir before training on every node, under `set -euo pipefail`: a failing line fails the launch
+    setup: tp.Optional[str] = "python -m pip install -e ."
+    # variables for the job; "${VAR}" values travel as SkyPilot secrets, resolved from this shell at launch
+    env_vars: tp.Dict[str, str] = field(default_factory=dict)
+    # rendezvous port on the head node (each job has its own cluster)
+    master_port: int = DEFAULT_PORT
+    # workers per node; null = the accelerator count (1 without accelerators)
+    nproc_per_node: tp.Optional[int] = None
+    # synced to every node as the working directory; null = this project's root
+    workdir: tp.Optional[str] = None
+    # bucket holding the job's output dir and checkpoints, mounted at checkpoint_mount (MOUNT_CACHED): a bucket name
+    # (created by SkyPilot when missing), a URI (s3://b, gs://b/prefix, ...), "auto" (a per-user bucket when the job
+    # needs one: use_spot or num_nodes > 1; else the node's disk) or null (node disk; not allowed with use_spot)
+    checkpoint_bucket: tp.Optional[str] = "auto"
+    # store for a bucket given by name (s3, gcs, azure, r2, ...); null = the task's cloud
+    checkpoint_store: tp.Optional[str] = None
+    # where the bucket is mounted on every node (absolute)
+    checkpoint_mount: str = "/checkpoints"
+    # the run's name on the cloud: task / managed job name, bucket dir (a recovered or relaunched job with the same
+    # name resumes there) and default cluster name; null = <job name>-<hash of the output dir>; sweeps add -<num>
+    run_name: tp.Optional[str] = None
+    # on-demand only: cluster name (null = run_name) and its lifetime after the job
+    cluster_name: tp.Optional[str] = None
+    # on-demand only: stop the cluster after this many idle minutes (null = never)
+    idle_minutes_to_autostop: tp.Optional[int] = None
+    # on-demand only: tear the cluster down after the job (after idle_minutes_to_autostop when set)
+    down: bool = False
+    # managed (spot) jobs: also restart after this many user-code failures (preemptions are always recovered)
+    max_restarts_on_errors: int = 0
+    # wait for the job(s) and return their final state (single runs and sweeps); false = return right after launch
+    wait: bool = True
+    # not supported here: requeue is a Slurm feature; spot recovery is use_spot=true
+    max_requeues: tp.Optional[int] = None
+
+    def __post_init__(self) -> None:
+        require(self.cloud in SKYPILOT_CLOUDS, "skypilot.cloud", self.cloud, f"one of {list(SKYPILOT_CLOUDS)}")
+        if self.accelerators is not None:
+            ok = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(:[1-9][0-9]*)?", str(self.accelerators))
+            require(bool(ok), "skypilot.accelerators", self.accelerators, "NAME or NAME:COUNT, e.g. 'H100:8'")
+        at_least("skypilot.num_nodes", self.num_nodes)
+        at_least("skypilot.disk_size", self.disk_size)
+        at_least("skypilot.nproc_per_node", self.nproc_per_node)
+        at_least("skypilot.idle_minutes_to_autostop", self.idle_minutes_to_autostop, 0)
+        check_port("skypilot.master_port", self.master_port)
+        require(self.max_restarts_on_errors >= 0, "skypilot.max_restarts_on_errors", self.max_restarts_on_errors,
+                 "must be >= 0")
+        require(self.max_requeues is None, "skypilot.max_requeues", self.max_requeues,
+                 "requeue is a Slurm feature; on SkyPilot use skypilot.use_spot=true (a managed job recovers "
+                 "preemptions) and skypilot.max_restarts_on_errors for failures")
+        bucket = self.checkpoint_bucket
+        require(bucket is not None or not self.use_spot, "skypilot.checkpoint_bucket", bucket,
+                 "spot jobs need checkpoints on storage that outlives the instance: a bucket name, a URI "
+                 "(s3://..., gs://...) or 'auto' (skypilot.use_spot=true)")
+        if bucket is not None and bucket != "auto":
+            ok = re.fullmatch(_BUCKET_NAME, bucket) or re.fullmatch(r"[a-z0-9]+://[^\s]+", bucket)
+            require(bool(ok), "skypilot.checkpoint_bucket", bucket,
+                     "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
+            require(self.checkpoint_store is None or "://" not in bucket, "skypilot.checkpoint_store",
+                     self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme is the store)")
+        mount = self.checkpoint_mount
+        require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
+                 "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
+        for key in ("run_name", "cluster_name"):
+            value = getattr(self, key)
+            require(value is None or bool(re.fullmatch(_SKY_NAME, value)), f"skypilot.{key}", value,
+                     "lowercase letters, digits and '-', starting with a letter, at most 40 characters")
+
+    @property
+    def gpus_per_node(self) -> int:
+        if not self.accelerators:
+            return 0
+        _, _, count = str(self.accelerators).partition(":")
+        return int(count or 1)
+
+
+#: S3/GCS bucket names; SkyPilot cluster/job names as this launcher makes them (a subset of what SkyPilot accepts).
+_BUCKET_NAME = r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]"
+_SKY_NAME = r"[a-z](?:[a-z0-9-]{0,38}[a-z0-9])?"
+
+
+
 @dataclasses.dataclass(frozen=True)
-class Payload:
-    """What :func:`submit` needs. ``task`` is the planned dict (secret names only, never values)."""
+class Request:
+    """What :meth:`SkyPilot.submit` needs. ``task`` is the planned dict (secret names only, never values)."""
 
     task: dict[str, tp.Any]
     secrets: tuple[tuple[str, str], ...]  # (secret name in the task, variable of the submitting shell)
@@ -76,7 +190,22 @@ class Payload:
     cluster_name: str | None
     idle_minutes_to_autostop: int | None
     down: bool
-    wait: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SkyRef:
+    """A SkyPilot job: a managed job (``cluster`` None) or job ``job_id`` on an on-demand ``cluster``."""
+
+    job_id: str
+    cluster: str | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{self.cluster}:{self.job_id}" if self.cluster else self.job_id]
+
+    def cli(self, verb: str) -> str:
+        """The SkyPilot command for this job (``sky jobs logs 12``, ``sky logs dev 3``)."""
+        return f"sky {verb} {self.cluster} {self.job_id}" if self.cluster else f"sky jobs {verb} {self.job_id}"
 
 
 # ----------------------------------------------------------------------------------------------- names and paths
@@ -175,8 +304,8 @@ def parse_result(log_text: str) -> dict[str, tp.Any] | None:
     return None
 
 
-def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan:
-    """Plan ``cfg``'s SkyPilot task: files ``sky_task.yaml`` and ``job.sky.yaml``, payload :class:`Payload`.
+def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    """Plan ``cfg``'s SkyPilot task: files ``sky_task.yaml`` and ``job.sky.yaml``, request :class:`Request`.
     Pure: no ``import sky``, writes nothing (reads only the user and host name, for ``checkpoint_bucket: auto``).
 
     Raises
@@ -194,8 +323,10 @@ def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan:
     out = f"{sc.checkpoint_mount}/{key}" if bucket else root
     job_file = f"{root}/launch/job.yaml"
     file_mounts: dict[str, tp.Any] = {job_file: str(job.launch_dir / NODE_JOB_FILE)}
-    node = to_dict(cfg)
-    node.update(output_dir=_yaml_path(out), dry_run=False, skypilot=None)
+    from automodel_hydra.config import rank_spec
+
+    node = rank_spec(cfg)
+    node.update(output_dir=_yaml_path(out))
     node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
     if cfg.data.source == "file" and cfg.data.path:  # the local text file travels with the job
         file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = str(Path(cfg.data.path).resolve())
@@ -228,12 +359,12 @@ def make_plan(cfg: TrainConfig, job: JobSpec) -> Plan:
     # on-demand: skypilot.cluster_name (a sweep point adds -<num>: one cluster each) or the key
     cluster = sc.cluster_name and (sc.cluster_name if job.job_num is None else f"{sc.cluster_name}-{job.job_num}")
     cluster = None if sc.use_spot else cluster or key
-    payload = Payload(task, secrets, sc.use_spot, key, cluster, sc.idle_minutes_to_autostop, sc.down, sc.wait)
-    files = {TASK_FILE: _header(payload) + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=1000),
-             # issue 7: !r, so a newline in the job name cannot end the comment and add YAML keys
+    request = Request(task, secrets, sc.use_spot, key, cluster, sc.idle_minutes_to_autostop, sc.down)
+    files = {TASK_FILE: _header(request) + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=1000),
+             # !r, so a newline in the job name cannot end the comment and add YAML keys
              NODE_JOB_FILE: f"# {job.job_name!r} on the SkyPilot nodes: launch/job.yaml with node paths, mounted at "
                             f"{job_file}\n" + yaml.safe_dump(node, sort_keys=False)}
-    return Plan(NAME, job, files, payload, group_key=None)
+    return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None)
 
 
 def _check(cfg: TrainConfig) -> None:
@@ -252,7 +383,7 @@ def _check(cfg: TrainConfig) -> None:
         raise ConfigError("skypilot.workdir", sc.workdir, "an existing local directory (synced to every node)")
 
 
-def _header(p: Payload) -> str:
+def _header(p: Request) -> str:
     """How the task is launched, and the equivalent command line (secrets by name: the CLI reads this shell)."""
     by_hand = "".join(f" --secret {n}" if n == ref else f' --secret {n}="${ref}"' for n, ref in p.secrets)
     if p.managed:
@@ -298,140 +429,147 @@ def validate(task: tp.Mapping[str, tp.Any]) -> None:
         raise SkyPilotPlanError(f"SkyPilot rejects the planned task ({TASK_FILE}): {e}") from e
 
 
-def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
-    """:func:`make_plan`, then :func:`validate` its task: a bad field fails here, before any file is written."""
-    p = make_plan(cfg, job)
-    validate(p.payload.task)
-    return p
-
-
 # ----------------------------------------------------------------------------------------------- side effects
 
 
-def build_task(payload: Payload, environ: tp.Mapping[str, str]) -> tp.Any:
+def build_task(request: Request, environ: tp.Mapping[str, str]) -> tp.Any:
     """The ``sky.Task`` to launch, with secret values taken from ``environ`` (in memory only).
 
-    Raises ValueError naming the ``skypilot.env_vars`` entry whose variable is not set (as ``sky launch --secret``
-    does), before anything is launched."""
+    Raises PreflightError naming the ``skypilot.env_vars`` entry whose variable is not set (as ``sky launch
+    --secret`` does), before anything is launched."""
     sky = _sky()
-    missing = [f"skypilot.env_vars.{n} (${{{ref}}})" for n, ref in payload.secrets if ref not in environ]
+    _check_secrets(request, environ)
+    overrides = [(name, environ[ref]) for name, ref in request.secrets]
+    return sky.Task.from_yaml_config(copy.deepcopy(request.task), secrets_overrides=overrides or None)
+
+
+def _check_secrets(request: Request, environ: tp.Mapping[str, str]) -> None:
+    missing = [f"skypilot.env_vars.{n} (${{{ref}}})" for n, ref in request.secrets if ref not in environ]
     if missing:
-        raise ValueError(f"{', '.join(missing)}: not set in this shell; export it, or remove the entry")
-    overrides = [(name, environ[ref]) for name, ref in payload.secrets]
-    return sky.Task.from_yaml_config(copy.deepcopy(payload.task), secrets_overrides=overrides or None)
+        raise PreflightError(f"{', '.join(missing)}: not set in this shell; export it, or remove the entry")
 
 
-def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
-    """Launch every plan: ``sky.jobs.launch`` (spot) or ``sky.launch`` (on-demand cluster). All requests are sent
-    first, then each is followed (``sky.stream_and_get``: provisioning and setup logs) until it returns its id.
-
-    A single job whose launch fails (e.g. setup failed) raises SkyPilot's error; in a sweep, a failed launch
-    becomes a submission without ids that :func:`wait` reports FAILED, so the others keep their records."""
+def _raw_states(refs: tp.Sequence[SkyRef]) -> list[str]:
+    """SkyPilot's status name for each job (managed jobs in one queue call; cluster jobs per cluster)."""
     sky = _sky()
-    tasks = [(p.payload, build_task(p.payload, os.environ)) for p in plans]  # all secrets checked before launching
-    requests = [sky.jobs.launch(task, name=pl.name) if pl.managed else
-                sky.launch(task, cluster_name=pl.cluster_name, idle_minutes_to_autostop=pl.idle_minutes_to_autostop,
-                           down=pl.down) for pl, task in tasks]
-    subs = []
-    for p, request in zip(plans, requests):
-        pl = p.payload
-        try:
-            job_ids, _handle = sky.stream_and_get(request)
-        except Exception as e:
-            if len(plans) == 1:
-                raise
-            log.error("SkyPilot launch of %s failed: %s", pl.name, e)
-            subs.append(Submission(p, ids=[], handle=e))
-            continue
-        ids = [str(i) for i in job_ids] if pl.managed else [f"{pl.cluster_name}:{job_ids}"]
-        subs.append(Submission(p, ids=ids, log_path=_cli(ids[0], "logs") if ids else None))
-    return subs
-
-
-def _cli(job_id: str, verb: str) -> str:
-    """The SkyPilot command for a job id (``"12"`` = managed job 12, ``"dev:3"`` = job 3 on cluster dev)."""
-    cluster, _, num = job_id.rpartition(":")
-    return f"sky {verb} {cluster} {num}" if cluster else f"sky jobs {verb} {job_id}"
-
-
-def _raw_states(ids: tp.Sequence[str]) -> dict[str, str]:
-    """SkyPilot's status name for each id (``"12"`` = managed job, ``"cluster:3"`` = a cluster's job)."""
-    sky = _sky()
-    out = {i: "UNKNOWN" for i in ids}
-    managed = [int(i) for i in ids if ":" not in i]
+    out = {r: "UNKNOWN" for r in refs}
+    managed = [int(r.job_id) for r in refs if r.cluster is None]
     if managed:
         records = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=managed))
         records = records[0] if isinstance(records, tuple) else records
-        for r in records:  # ManagedJobRecord (dict-like .get) in 0.14.1
-            out[str(r.get("job_id"))] = getattr(r.get("status"), "value", str(r.get("status")))
-    for i in (i for i in ids if ":" in i):
-        cluster, _, num = i.rpartition(":")
-        statuses = sky.get(sky.job_status(cluster, job_ids=[int(num)]))
-        status = statuses.get(int(num))
-        out[i] = getattr(status, "value", str(status)) if status is not None else "UNKNOWN"
-    return out
+        by_id = {str(r.get("job_id")): getattr(r.get("status"), "value", str(r.get("status"))) for r in records}
+        out.update({r: by_id.get(r.job_id, "UNKNOWN") for r in refs if r.cluster is None})
+    by_cluster: dict[str, list[SkyRef]] = {}
+    for r in refs:
+        if r.cluster is not None:
+            by_cluster.setdefault(r.cluster, []).append(r)
+    for cluster, crefs in by_cluster.items():
+        statuses = sky.get(sky.job_status(cluster, job_ids=[int(r.job_id) for r in crefs]))
+        for r in crefs:
+            status = statuses.get(int(r.job_id))
+            out[r] = getattr(status, "value", str(status)) if status is not None else "UNKNOWN"
+    return [out[r] for r in refs]
 
 
-def wait(subs: tp.Sequence[Submission], poll_s: float | None = None, retries: int = 4) -> list[JobResult]:
-    """Poll SkyPilot every ``poll_s`` seconds (default :data:`POLL_S`) until every job is finished, logging each
-    change of state (recoveries included). COMPLETED carries node 0's ``result.json`` read back from the job's log
-    (:data:`RESULT_MARK`; ``loss`` is what Hydra's sweeper gets). After ``retries`` failed queries in a row the
-    jobs are reported UNKNOWN. Ctrl-C stops waiting, not the jobs (the message says how to cancel them)."""
-    results = {i: JobResult("FAILED", error=f"launch failed: {s.handle}") for i, s in enumerate(subs) if not s.ids}
-    last: dict[int, str] = {}
-    failures = 0
-    try:
-        while len(results) < len(subs):
-            pending = {i: s for i, s in enumerate(subs) if i not in results}
-            try:
-                raw, failures = _raw_states([s.ids[0] for s in pending.values()]), 0
-            except Exception as e:  # API server unreachable, cluster already torn down, ...
-                raw, failures = {}, failures + 1
-                log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
-                if failures >= retries:
-                    results.update({i: JobResult("UNKNOWN", error=f"cannot query SkyPilot: {e}; logs: {s.log_path}")
-                                    for i, s in pending.items()})
-            for i, s in ((i, s) for i, s in pending.items() if s.ids[0] in raw):
-                state, slurm_state = raw[s.ids[0]], STATE.get(raw[s.ids[0]], "UNKNOWN")
-                if last.get(i) != state:
-                    log.info("SkyPilot job %s (%s): %s", s.ids[0], s.plan.payload.name, state)
-                    last[i] = state
-                if slurm_state == "COMPLETED":
-                    results[i] = JobResult(slurm_state, _fetch_result(s.ids[0]) or {"sky_status": state})
-                elif slurm_state in FINISHED:
-                    results[i] = JobResult(slurm_state, {"sky_status": state}, f"SkyPilot {state}; logs: {s.log_path}")
-            if len(results) < len(subs):
-                time.sleep(POLL_S if poll_s is None else poll_s)
-    except KeyboardInterrupt:
-        log.warning("stopped waiting; the jobs go on. Cancel: %s", "; ".join(_cli(i, "cancel") for s in subs
-                                                                              for i in s.ids))
-        raise
-    return [results[i] for i in range(len(subs))]
-
-
-def _fetch_result(job_id: str) -> dict[str, tp.Any] | None:
+def _fetch_result(ref: SkyRef) -> dict[str, tp.Any] | None:
     """Node 0's result line from the finished job's log (``sky.jobs.tail_logs`` / ``sky.tail_logs``, not followed)."""
     sky, buf = _sky(), io.StringIO()
-    cluster, _, num = job_id.rpartition(":")
     try:
-        if cluster:
-            sky.tail_logs(cluster, int(num), follow=False, output_stream=buf)
+        if ref.cluster:
+            sky.tail_logs(ref.cluster, int(ref.job_id), follow=False, output_stream=buf)
         else:
-            sky.jobs.tail_logs(job_id=int(job_id), follow=False, output_stream=buf)
+            sky.jobs.tail_logs(job_id=int(ref.job_id), follow=False, output_stream=buf)
     except Exception as e:  # the result is a convenience: the job's state is what counts
-        log.warning("could not read the log of SkyPilot job %s: %s", job_id, e)
+        log.warning("could not read the log of SkyPilot job %s: %s", ref.ids[0], e)
     return parse_result(buf.getvalue())
 
 
-def status(record: dict[str, tp.Any]) -> str:
-    """Slurm-style state of a saved submission (``launch/submission.json``), asked of SkyPilot."""
-    ids = record.get("job_ids") or []
-    return STATE.get(_raw_states(ids[:1]).get(ids[0], "UNKNOWN"), "UNKNOWN") if ids else "FAILED"
+class SkyPilot(Backend[Request, SkyRef]):
+    """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
+    name = "skypilot"
 
-def cancel(record: dict[str, tp.Any]) -> None:
-    """Cancel a saved submission: ``sky.jobs.cancel`` (managed) or ``sky.cancel`` on its cluster."""
-    sky = _sky()
-    for job_id in record.get("job_ids", []):
-        cluster, _, num = job_id.rpartition(":")
-        sky.get(sky.cancel(cluster, job_ids=[int(num)]) if cluster else sky.jobs.cancel(job_ids=[int(job_id)]))
+    def world_size(self, cfg: TrainConfig) -> int:
+        sc = cfg.skypilot
+        assert sc is not None
+        return sc.num_nodes * (sc.nproc_per_node or sc.gpus_per_node or 1)
+
+    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+        """:func:`make_plan` (pure; SkyPilot's schema check is :meth:`check`)."""
+        return make_plan(cfg, job)
+
+    def check(self, plans: tp.Sequence[Plan[Request]]) -> None:
+        """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and the secrets they name
+        set in this shell; before anything is written or launched."""
+        for p in plans:
+            validate(p.request.task)
+            _check_secrets(p.request, os.environ)
+
+    def submit(self, batch: Batch[Request]) -> list[Submission[SkyRef]]:
+        """Launch one task: ``sky.jobs.launch`` (spot) or ``sky.launch`` (on-demand cluster), followed
+        (``sky.stream_and_get``: provisioning and setup logs) until it returns its id. Raises SkyPilot's error when
+        the launch fails (e.g. setup failed)."""
+        sky = _sky()
+        (p,) = batch.plans
+        rq = p.request
+        task = build_task(rq, os.environ)
+        request = (sky.jobs.launch(task, name=rq.name) if rq.managed else
+                   sky.launch(task, cluster_name=rq.cluster_name, idle_minutes_to_autostop=rq.idle_minutes_to_autostop,
+                              down=rq.down))
+        job_id, _handle = sky.stream_and_get(request)
+        ref = SkyRef(str(job_id[0] if isinstance(job_id, (list, tuple)) else job_id),
+                     None if rq.managed else rq.cluster_name)
+        return [Submission(p, ref, log_path=ref.cli("logs"))]
+
+    def wait(self, subs: tp.Sequence[Submission[SkyRef]], poll_s: float | None = None,
+             retries: int = 4) -> list[JobResult]:
+        """Poll SkyPilot every ``poll_s`` seconds (default :data:`POLL_S`) until every job is finished, logging each
+        change of state (recoveries included). COMPLETED carries node 0's ``result.json`` read back from the job's
+        log (:data:`RESULT_MARK`). After ``retries`` failed queries in a row the jobs are reported UNKNOWN. Ctrl-C
+        stops waiting, not the jobs (the message says how to cancel them)."""
+        results: dict[int, JobResult] = {}
+        last: dict[int, str] = {}
+        failures = 0
+        try:
+            while len(results) < len(subs):
+                pending = [i for i in range(len(subs)) if i not in results]
+                try:
+                    raw, failures = _raw_states([subs[i].ref for i in pending]), 0
+                except Exception as e:  # API server unreachable, cluster already torn down, ...
+                    raw, failures = [], failures + 1
+                    log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
+                    if failures >= retries:
+                        results.update({i: JobResult(JobState.UNKNOWN, error=f"cannot query SkyPilot: {e}; logs: "
+                                                     f"{subs[i].log_path}") for i in pending})
+                for i, name in zip(pending, raw):
+                    s, state = subs[i], JobState(STATE.get(name, "UNKNOWN"))
+                    if last.get(i) != name:
+                        log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
+                        last[i] = name
+                    if state is JobState.COMPLETED:
+                        results[i] = JobResult(state, _fetch_result(s.ref) or {"sky_status": name})
+                    elif state.final:
+                        results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
+                if len(results) < len(subs):
+                    time.sleep(POLL_S if poll_s is None else poll_s)
+        except KeyboardInterrupt:
+            log.warning("stopped waiting; the jobs go on. Cancel: %s", "; ".join(s.ref.cli("cancel") for s in subs))
+            raise
+        return [results[i] for i in range(len(subs))]
+
+    def states(self, refs: tp.Sequence[SkyRef]) -> list[StateInfo]:
+        return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in _raw_states(refs)]
+
+    def cancel(self, refs: tp.Sequence[SkyRef]) -> None:
+        """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster."""
+        sky = _sky()
+        for ref in refs:
+            sky.get(sky.cancel(ref.cluster, job_ids=[int(ref.job_id)]) if ref.cluster
+                    else sky.jobs.cancel(job_ids=[int(ref.job_id)]))
+
+    def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> SkyRef:
+        ref = record.get("ref") or {}
+        if ref:
+            return SkyRef(str(ref["job_id"]), ref.get("cluster"))
+        cluster, _, num = str((record.get("job_ids") or [""])[0]).rpartition(":")
+        return SkyRef(num, cluster or None)

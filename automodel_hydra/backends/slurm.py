@@ -1,30 +1,25 @@
-"""Slurm backend: one sbatch job per run, one job array per sweep, built on submitit.
+"""Slurm backend: one sbatch job per run, one job array per sweep group.
 
-Planning is pure: :func:`plan` maps ``cfg.slurm`` (SPEC section 2) onto the parameters of submitit's own script
-generator, ``submitit.slurm.slurm._make_sbatch_string``, whose signature is the list of sbatch options it knows
-(sbatch(1) for each). :func:`submit` is the side effect: ``sbatch launch/sbatch.sh`` (the exact file the job dir
-keeps), and each job becomes a real submitit ``SlurmJob``, which :func:`wait`, :func:`status` and :func:`cancel`
-use (state from ``sacct``, or ``squeue`` when accounting is off; ``scancel``).
+Planning is pure: :meth:`Slurm.plan` renders ``launch/sbatch.sh`` from ``cfg.slurm``; :meth:`Slurm.batches`
+renders a sweep group's array script once (``<sweep dir>/launch/sbatch.sh``, split at the cluster's MaxArraySize,
+which :meth:`Slurm.preflight` reads with ``scontrol show config``). :meth:`Slurm.submit` runs ``sbatch`` on the
+files planning wrote and writes nothing else into ``launch/``.
 
 What each srun task runs: the plain worker command, ``python -u -m automodel_hydra.worker
-"$AUTOMODEL_JOB_DIR"/launch/job.yaml --log-file ...``, not submitit's pickle runner (``python -m
-submitit.core._submit``). Why:
+"$AUTOMODEL_JOB_DIR"/launch/job.yaml --log-file ...``, not a pickle runner. Why:
 
 * the script reads as what it does and can be resubmitted by hand (``sbatch launch/sbatch.sh``); the config is
   ``launch/job.yaml``, not a pickle;
 * a requeued job must resume from its checkpoint, not report the pickled result of its first attempt;
-  submitit's runner writes a result pickle whenever the function returns, including after a requeue;
-* the coordinated checkpoint on USR2/SIGTERM is the worker's (every rank, one step); submitit's handler
-  checkpoints rank 0 only;
+* the coordinated checkpoint on USR2/SIGTERM is the worker's (every rank, one step);
 * a job array needs no per-task pickle in place before it starts: task i reads ``job_dirs[i]``.
 
-So ``job.result()`` is not used: rank 0 writes ``<job dir>/result.json`` (atomic) and :func:`wait` reads it once
-the job's state is COMPLETED.
+Rank 0 writes ``<job dir>/result.json`` (atomically) and :meth:`Slurm.wait` reads it once the job's state is
+COMPLETED.
 
-Files: ``launch/sbatch.sh`` in a job dir is the script that was submitted. A sweep job's plan is first its own
-one-job script (what a dry run leaves; ``sbatch`` it to rerun that point alone); on submission it is replaced by
-the array script, which is also ``<sweep dir>/launch/sbatch.sh``. Logs: ``slurm/<id>_<rank>_log.out`` in the job
-dir (arrays: ``slurm/<array id>_<task>_<rank>_log.out`` in the sweep dir).
+Files: ``launch/sbatch.sh`` in a job dir is that job's own script (``sbatch`` it to rerun the job alone); a sweep
+submits ``<sweep dir>/launch/sbatch.sh``, the array whose task i runs ``job_dirs[i]``. Logs:
+``slurm/<id>_<rank>_log.out`` in the job dir (arrays: ``slurm/<array id>_<task>_<rank>_log.out`` in the sweep dir).
 
 Runtime contract (set in the script, read by :mod:`automodel_hydra.bootstrap`): MASTER_ADDR = first host of
 ``scontrol show hostnames "$SLURM_JOB_NODELIST"``; MASTER_PORT = ``slurm.master_port + SLURM_JOB_ID % 1000``,
@@ -36,9 +31,8 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import functools
-import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -47,17 +41,24 @@ import subprocess
 import sys
 import time
 import typing as tp
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from automodel_hydra.bootstrap import PORT_SPAN
-from automodel_hydra.config import SlurmConfig, TrainConfig, parse_env_vars
-from automodel_hydra.envvars import export_lines
-from automodel_hydra.plan import FINISHED, JobResult, JobSpec, Plan, Submission, worker_argv
+from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
+from automodel_hydra.backends.slurm_script import (SRUN_EXPORT_ARGS, parse_job_id, pattern_literal, render_sbatch,
+                                                   sbatch_export_args)
+from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
+from automodel_hydra.plan import (Backend, Batch, JobResult, JobSpec, Plan, PreflightError, Submission, read_result,
+                                  worker_argv)
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
+from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
+from automodel_hydra.states import JobState, StateInfo
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-NAME = "slurm"
 SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
@@ -71,11 +72,178 @@ TASK_DEFAULTS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Payload:
-    """Everything a job's script needs except its output dir; equal payloads share one job array."""
+# ----------------------------------------------------------------------------------------------- schema
 
-    sbatch: tuple[tuple[str, tp.Any], ...]  # _make_sbatch_string parameters
+# sbatch(1), option --time: "Acceptable time formats include "minutes", "minutes:seconds", "hours:minutes:seconds",
+# "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds"."
+_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+
+
+def parse_slurm_time(value: str | int, key: str = "slurm.time") -> int:
+    """Parse a Slurm wall-time limit into whole minutes, rounding seconds up.
+
+    Accepts every form sbatch(1) ``--time`` documents: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``, and an integer number of minutes. ``UNLIMITED``/``INFINITE`` and ``0`` (which Slurm reads as
+    "no limit") are rejected: a launcher that checkpoints before the limit needs a finite one.
+
+    Returns
+    -------
+    int
+        Minutes, >= 1 (``"00:30:30"`` -> 31, ``"1-00:00:00"`` -> 1440, ``90`` -> 90).
+
+    Raises
+    ------
+    ConfigError
+        The value matches none of the forms, or is zero.
+    """
+    text = str(value).strip()
+    m = _SLURM_TIME.match(text)
+    valid = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes, > 0"
+    if not m:
+        raise ConfigError(key, value, valid)
+    g = {k: int(v or 0) for k, v in m.groupdict().items()}
+    if m["days"] is not None:
+        seconds = g["days"] * 86400 + g["dh"] * 3600 + g["dm"] * 60 + g["ds"]
+    elif m["c"] is not None:  # HH:MM:SS
+        seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
+    else:  # MM or MM:SS
+        seconds = g["a"] * 60 + g["b"]
+    require(seconds > 0, key, value, valid)
+    return math.ceil(seconds / 60)
+
+
+
+@dataclass
+class VolumeMapping:
+    """A container mount ``source`` (on the host) -> ``dest`` (in the container); both absolute."""
+
+    source: str
+    dest: str
+
+    @classmethod
+    def parse(cls, item: tp.Any, key: str) -> VolumeMapping:
+        """Accept ``{source, dest}`` or ``"src:dst"``; check both are absolute (whether the source exists is a
+        question for the host that runs the job: see :meth:`Slurm.preflight`).
+
+        Raises ConfigError naming ``key`` otherwise."""
+        if isinstance(item, VolumeMapping):
+            vm = item
+        elif isinstance(item, str) and item.count(":") == 1:
+            vm = cls(*item.split(":"))
+        elif isinstance(item, tp.Mapping) and set(item) == {"source", "dest"}:
+            vm = cls(str(item["source"]), str(item["dest"]))
+        else:
+            raise ConfigError(key, item, "a mount {source: /abs/host/path, dest: /abs/container/path} or '/src:/dst'")
+        require(vm.source.startswith("/"), f"{key}.source", vm.source, "must be an absolute path")
+        require(vm.dest.startswith("/"), f"{key}.dest", vm.dest, "must be an absolute path")
+        return vm
+
+
+@dataclass
+class SlurmConfig:
+    """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
+
+    job_name: str = "llm_finetune"
+    nodes: int = 1
+    # tasks (= ranks) per node; one per GPU on GPU clusters
+    ntasks_per_node: int = 8
+    # wall-time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes
+    time: str = "04:00:00"
+    account: tp.Optional[str] = None
+    partition: tp.Optional[str] = None
+    # Enroot/Pyxis image (srun --container-image)
+    container_image: tp.Optional[str] = None
+    # where the project source is mounted inside the container (put on PYTHONPATH there)
+    nemo_mount: tp.Optional[str] = None
+    # Hugging Face cache: exported as HF_HOME and mounted into the container
+    hf_home: tp.Optional[str] = None
+    # VolumeMapping {source, dest} or "src:dst"
+    extra_mounts: tp.List[tp.Any] = field(default_factory=list)
+    # rendezvous port base; the job uses master_port + SLURM_JOB_ID % 1000 so jobs sharing a node never collide
+    master_port: int = DEFAULT_PORT
+    # variables for the job; "${VAR}" = the submitting shell's $VAR, expanded in the job, never written to a file
+    env_vars: tp.Dict[str, str] = field(default_factory=dict)
+    # wrap each task in nsys profile (same switch as profile=nsys)
+    nsys_enabled: bool = False
+    # GPUs per node (--gpus-per-node); null = ntasks_per_node; 0 = request none
+    gpus_per_node: tp.Optional[int] = None
+    cpus_per_task: tp.Optional[int] = None
+    # memory per node, Slurm size string (e.g. 64G)
+    mem: tp.Optional[str] = None
+    qos: tp.Optional[str] = None
+    constraint: tp.Optional[str] = None
+    exclude: tp.Optional[str] = None
+    # shell lines run in the batch script before srun (module load, source venv, ...)
+    setup: tp.List[str] = field(default_factory=list)
+    # more #SBATCH options, {option: value} without the leading dashes (value null = a flag)
+    sbatch_args: tp.Dict[str, tp.Any] = field(default_factory=dict)
+    # more srun arguments, one list item per argument
+    srun_args: tp.List[str] = field(default_factory=list)
+    # requeue the job this many times after a time-limit or preemption signal (0 = never)
+    max_requeues: int = 3
+    # seconds before the time limit at which USR2 asks every rank to checkpoint (sbatch --signal=USR2@N)
+    signal_delay_s: int = 300
+    # sweeps: at most this many array tasks run at once (sbatch --array=...%N)
+    array_parallelism: int = 256
+    # wait for the job to finish and follow its log (single runs; sweeps wait unless detach)
+    wait: bool = False
+    # sweeps: submit every job and return at once, leaving a manifest in the sweep dir
+    detach: bool = False
+
+    def __post_init__(self) -> None:
+        at_least("slurm.nodes", self.nodes)
+        at_least("slurm.ntasks_per_node", self.ntasks_per_node)
+        minutes = parse_slurm_time(self.time)
+        check_port("slurm.master_port", self.master_port)
+        require(self.master_port + PORT_SPAN - 1 <= 65535, "slurm.master_port", self.master_port,
+                 f"must leave room for the per-job offset (<= {65536 - PORT_SPAN})")
+        at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
+        at_least("slurm.cpus_per_task", self.cpus_per_task)
+        require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
+        at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
+        at_least("slurm.array_parallelism", self.array_parallelism)
+        del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
+        self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]") for i, m in enumerate(self.extra_mounts)]
+        # #SBATCH values are one line each (sbatch reads one option per line); name the field, not the line
+        lines = {k: getattr(self, k) for k in ("job_name", "account", "partition", "qos", "constraint", "exclude",
+                                                   "mem")}
+        lines.update({f"sbatch_args.{k}": v for k, v in self.sbatch_args.items()})
+        for key, value in lines.items():
+            option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
+            one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
+        for key in ("nemo_mount",):
+            value = getattr(self, key)
+            if value is not None:
+                require(str(value).startswith("/"), f"slurm.{key}", value, "must be an absolute path in the container")
+
+    @property
+    def time_minutes(self) -> int:
+        return parse_slurm_time(self.time)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+    @property
+    def checkpoint_margin_s(self) -> int:
+        """Seconds before the time limit at which USR2 asks every rank to checkpoint: ``signal_delay_s``, or half
+        the limit when the limit is shorter than twice that (AutoModel's default ``time: "00:05:00"`` with the
+        300 s default margin would otherwise leave no time to train)."""
+        limit_s = self.time_minutes * 60
+        return self.signal_delay_s if 2 * self.signal_delay_s <= limit_s else limit_s // 2
+
+
+
+
+# ----------------------------------------------------------------------------------------------- planning (pure)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """Everything a job's script needs except its output dir; equal requests share one job array."""
+
+    sbatch: tuple[tuple[str, object], ...]  # sbatch options, in order (slurm_script.render_sbatch)
+    array_parallelism: int
     setup: tuple[str, ...]  # script lines before srun, after the job-dir line
     container_image: str | None
     mounts: tuple[str, ...]  # "src:dst" for --container-mounts, besides the output dirs
@@ -83,10 +251,18 @@ class Payload:
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
     ntasks: int
-    wait: bool  # single run: slurm.wait; sweep: not slurm.detach
 
 
-# ----------------------------------------------------------------------------------------------- planning (pure)
+@dataclasses.dataclass(frozen=True)
+class SlurmRef:
+    """A Slurm job: ``job_id`` is ``123``, or ``123_4`` for array task 4; ``submitted_at`` in epoch seconds."""
+
+    job_id: str
+    submitted_at: float = 0.0
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.job_id]
 
 
 def _sh(arg: str) -> str:
@@ -95,20 +271,25 @@ def _sh(arg: str) -> str:
     return f'"${JOB_DIR_VAR}"'.join(shlex.quote(p) if p or len(parts) == 1 else "" for p in parts)
 
 
-def _sbatch_params(sc: SlurmConfig) -> dict[str, tp.Any]:
-    """``cfg.slurm`` as ``_make_sbatch_string`` keyword arguments; unset options are left out (never ``None``)."""
+def _directives(sc: SlurmConfig) -> tuple[tuple[str, object], ...]:
+    """``cfg.slurm`` as sbatch options (sbatch(1) long names), in the order they are written; unset ones left out.
+    ``sbatch_args`` come last and may add any option (null = a bare flag, false = left out)."""
     gpus = sc.ntasks_per_node if sc.gpus_per_node is None else sc.gpus_per_node
-    extra: dict[str, tp.Any] = {"requeue": True} if sc.max_requeues > 0 else {}
+    options: dict[str, object | None] = {
+        "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
+        "gpus-per-node": gpus or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem, "account": sc.account,
+        "partition": sc.partition, "qos": sc.qos, "constraint": sc.constraint, "exclude": sc.exclude,
+        # the time-limit warning: every rank checkpoints, then the job requeues itself (docs/slurm.md)
+        "signal": f"USR2@{sc.checkpoint_margin_s}",
+        # --requeue lets Slurm requeue the job after a preemption or a node failure; without requeues the job must
+        # say --no-requeue, or the cluster's JobRequeue=1 default requeues it anyway (slurm.conf(5))
+        "requeue": True if sc.max_requeues > 0 else None, "no-requeue": True if sc.max_requeues == 0 else None,
+        "open-mode": "append",  # a requeued job appends to its log instead of truncating it
+    }
     for key, value in sc.sbatch_args.items():
-        if value is not False:  # null = a flag (#SBATCH --key), false = leave it out
-            extra[str(key).lstrip("-")] = True if value is None else value
-    params = dict(job_name=sc.job_name, time=sc.time_minutes, nodes=sc.nodes, ntasks_per_node=sc.ntasks_per_node,
-                  gpus_per_node=gpus or None, cpus_per_task=sc.cpus_per_task, mem=sc.mem, account=sc.account,
-                  partition=sc.partition, qos=sc.qos, constraint=sc.constraint, exclude=sc.exclude,
-                  signal_delay_s=sc.signal_delay_s, array_parallelism=sc.array_parallelism,
-                  stderr_to_stdout=True, additional_parameters=extra)
-    # wckey=None: no `--wckey=submitit` (submitit's default), which clusters enforcing wckeys would reject
-    return {**{k: v for k, v in params.items() if v is not None and v != ""}, "wckey": None}
+        name = str(key).lstrip("-").replace("_", "-")
+        options[name] = None if value is False else True if value is None else value
+    return tuple((k, v) for k, v in options.items() if v is not None and v != "")
 
 
 def _mount(source: str, dest: str, key: str) -> str:
@@ -118,18 +299,10 @@ def _mount(source: str, dest: str, key: str) -> str:
     return f"{source}:{dest}"
 
 
-def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
-    """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
-
-    Raises
-    ------
-    ValueError
-        A value cannot be written into the script: a newline in an ``#SBATCH`` option (sbatch reads one option
-        per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
-    """
+def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     sc = cfg.slurm
-    assert sc is not None, "plan() needs a config with a slurm: section"
-    hf_home = os.path.expanduser(sc.hf_home) if sc.hf_home else None
+    assert sc is not None, "the slurm backend plans configs with a slurm: section"
+    hf_home = sc.hf_home
     in_container = sc.container_image is not None
     python = "python" if in_container else sys.executable
     if in_container and sc.nemo_mount:
@@ -138,12 +311,13 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
         pythonpath = "# PYTHONPATH: automodel_hydra is expected to be installed in the image"
     else:
         pythonpath = f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}"
+    margin = sc.checkpoint_margin_s
     setup = [
         f"# {sc.job_name}: {sc.nodes} node(s) x {sc.ntasks_per_node} task(s) = world size {sc.world_size}; "
         "planned by automodel-hydra",
         pythonpath,
         "export PYTHONUNBUFFERED=1",
-        f"export AUTOMODEL_MAX_REQUEUES={sc.max_requeues}  # requeues after a time-limit/preemption signal",
+        f"export AUTOMODEL_MAX_REQUEUES={sc.max_requeues}  # requeues after the time-limit warning",
         "# rendezvous: the first host of the allocation, and a port per job, the same for all its tasks:",
         f"# slurm.master_port + job id % {PORT_SPAN}, moved up by {PORT_SPAN} while taken on the master",
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
@@ -156,11 +330,17 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
         "# task defaults (the submitting shell's value or slurm.env_vars wins)",
         *[f'export {k}="${{{k}:-{v}}}"' for k, v in TASK_DEFAULTS.items()],
     ]
+    if margin != sc.signal_delay_s:
+        setup.insert(4, f"# checkpoint margin {margin}s: slurm.signal_delay_s={sc.signal_delay_s}s does not fit "
+                        f"twice in slurm.time={sc.time}")
+    if job.env:
+        setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
     if hf_home:
         setup.append(f"export HF_HOME={shlex.quote(hf_home)}")
     env = parse_env_vars(sc.env_vars, "slurm.env_vars")
     if env:
         setup += ["# slurm.env_vars (\"${VAR}\" = the submitting shell's variable, expanded here)", *export_lines(env)]
+    spec = JobSpec(Path(_JOB_DIR), job.job_name)  # the job's paths inside the script
     mounts = []
     if in_container:
         if hf_home:
@@ -168,59 +348,43 @@ def plan(cfg: TrainConfig, job: JobSpec) -> Plan:
         if sc.nemo_mount:
             mounts.append(_mount(str(job.project_root), sc.nemo_mount, "slurm.nemo_mount"))
         mounts += [_mount(m.source, m.dest, f"slurm.extra_mounts[{i}]") for i, m in enumerate(sc.extra_mounts)]
-    if sc.extra_mounts:
-        sources = " ".join(shlex.quote(m.source) for m in sc.extra_mounts)
-        setup += [f"for src in {sources}; do  # slurm.extra_mounts, checked again on the node",
-                  '  [ -e "$src" ] || { echo "automodel-hydra: mount source $src (slurm.extra_mounts) does not exist '
-                  'on $(hostname)" >&2; exit 1; }', "done"]
-    setup += nsys_check_lines(cfg.profile.nsys)
+    setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
     if sc.setup:
         setup += ["# slurm.setup", *sc.setup]
-    spec = JobSpec(Path(_JOB_DIR), job.job_name)
+    if job.workdir is not None:
+        setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
-    params = _sbatch_params(sc)
-    params["additional_parameters"] = tuple(sorted(params["additional_parameters"].items()))
-    payload = Payload(sbatch=tuple(sorted(params.items())), setup=tuple(setup), container_image=sc.container_image,
-                      mounts=tuple(mounts), srun_args=tuple(sc.srun_args), command=command,
-                      env_refs=tuple(e.ref for e in env if e.ref), ntasks=sc.world_size,
-                      wait=sc.wait if job.job_num is None else not sc.detach)
-    return Plan(NAME, job, {SCRIPT: render(payload, [job.job_dir])}, payload, group_key=payload)
+    return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup), container_image=sc.container_image,
+                   mounts=tuple(mounts), srun_args=tuple(sc.srun_args), command=command,
+                   env_refs=tuple(r.name for e in env for r in e.refs), ntasks=sc.world_size)
 
 
-def render(payload: Payload, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
+def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
     """The sbatch script for one job (``array=False``) or for a job array whose task i runs ``job_dirs[i]``.
 
     Logs go to ``<root>/slurm/%j_%t_log.out`` (arrays: ``%A_%a_%t``), root = the job dir, or for an array the
-    common parent of its job dirs. Raises ValueError on a newline in an ``#SBATCH`` value."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
+    common parent of its job dirs. Raises ValueError naming the option (slurm_script.render_sbatch's rules)."""
     root = log_root(job_dirs, array)
-    params = dict(payload.sbatch)
-    params["additional_parameters"] = dict(params["additional_parameters"])
-    directives = {**params, **params["additional_parameters"], "output": str(root)}
-    for key, value in directives.items():
-        if isinstance(value, str) and ("\n" in value or "\r" in value):
-            raise ValueError(f"#SBATCH --{key.replace('_', '-')}={value!r}: sbatch reads one option per line, "
-                             "so the value cannot contain a newline")
+    log_name = "%A_%a_%t_log.out" if array else "%j_%t_log.out"
+    output = f"{pattern_literal(root)}/slurm/{log_name}"
+    directives = list(request.sbatch)
+    if array:
+        directives.append(("array", f"0-{len(job_dirs) - 1}%{min(len(job_dirs), request.array_parallelism)}"))
+    directives.append(("output", output.replace("%t", "0")))  # the batch step's own output: task 0's file
     if array:
         select = ["# array task i runs the job in job_dirs[i]", "job_dirs=(", *[f"  {shlex.quote(str(d))}"
                   for d in job_dirs], ")", f'export {JOB_DIR_VAR}="${{job_dirs[$SLURM_ARRAY_TASK_ID]}}"']
     else:
         select = [f"export {JOB_DIR_VAR}={shlex.quote(str(job_dirs[0]))}"]
-    srun = ["--kill-on-bad-exit=1"]
-    if payload.container_image:
-        mounts = [*payload.mounts, _mount(str(root), str(root), "output dir")]
-        srun += [f"--container-image={payload.container_image}", f"--container-mounts={','.join(mounts)}",
+    srun = ["--unbuffered", f"--output={output}", "--kill-on-bad-exit=1", *SRUN_EXPORT_ARGS]
+    if request.container_image:
+        mounts = [*request.mounts, _mount(str(root), str(root), "output dir")]
+        srun += [f"--container-image={request.container_image}", f"--container-mounts={','.join(mounts)}",
                  f"--container-workdir={root}"]
-    srun += payload.srun_args
-    setup = [payload.setup[0], *select, *payload.setup[1:]]
-    folder = str(root / "slurm").replace("%", "%%")  # sbatch(1) "filename pattern": %% is a literal %
-    text = _make_sbatch_string(command=payload.command, folder=folder, setup=setup, srun_args=srun,
-                               map_count=len(job_dirs) if array else None, **params)
-    # issue 7: sbatch's #SBATCH parser reads a backslash as an escape even inside quotes (src/sbatch/opt.c,
-    # _get_argument), so a run dir "a\ b" came out as "a  b" for --output; bash never reads these lines
-    return "\n".join(line.replace("\\", "\\\\") if line.startswith("#SBATCH") else line for line in text.split("\n"))
+    srun += request.srun_args
+    setup = [request.setup[0], *select, *request.setup[1:]]
+    return render_sbatch(directives=directives, setup=setup, srun_args=srun, command=request.command)
 
 
 def log_root(job_dirs: tp.Sequence[Path], array: bool) -> Path:
@@ -230,7 +394,166 @@ def log_root(job_dirs: tp.Sequence[Path], array: bool) -> Path:
     return Path(os.path.commonpath([str(Path(d).parent) for d in job_dirs]))
 
 
-@functools.lru_cache(maxsize=None)
+def _arrays(plans: tp.Sequence[Plan[Request]], size: int) -> list[tuple[str, list[Plan[Request]]]]:
+    """Split one group into arrays of at most ``size`` tasks, each script named after its first job."""
+    out = []
+    for i in range(0, len(plans), size):
+        chunk = list(plans[i:i + size])
+        num = chunk[0].job.job_num
+        out.append((SCRIPT if not num else f"sbatch_{num}.sh", chunk))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the backend
+
+
+class Slurm(Backend[Request, SlurmRef]):
+    """Slurm: a job per run, a job array per sweep group."""
+
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self.max_array_size = DEFAULT_MAX_ARRAY_SIZE
+        self._scripts: dict[int, Path] = {}  # id(batch) -> the script submit runs
+
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+        """sbatch's cluster answers (MaxArraySize read from it); container mount sources and ``${VAR}`` references
+        of ``env_vars`` exist here. Raises PreflightError / ConfigError naming what is missing."""
+        from automodel_hydra.config import host_problems
+
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():
+            raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
+                                 "on a login node")
+        for cfg in cfgs:
+            sc = cfg.slurm
+            assert sc is not None
+            if sc.container_image is None:  # bare metal: the ranks see this host's filesystem
+                for problem in host_problems(cfg):
+                    raise problem
+            sources = [("slurm.hf_home", sc.hf_home)] if sc.container_image and sc.hf_home else []
+            sources += [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
+            for key, source in sources:
+                if sc.container_image is not None and not Path(source).exists():
+                    raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
+                                      "the container)")
+            for entry, var in missing_refs(parse_env_vars(sc.env_vars, "slurm.env_vars"), os.environ):
+                raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
+                                     f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
+        self.max_array_size = max_array_size()
+
+    def world_size(self, cfg: TrainConfig) -> int:
+        assert cfg.slurm is not None
+        return cfg.slurm.world_size
+
+    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+        """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
+
+        Raises
+        ------
+        ValueError
+            A value cannot be written into the script: a newline in an ``#SBATCH`` option (sbatch reads one option
+            per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
+        """
+        assert cfg.slurm is not None
+        request = _plan_request(cfg, job)
+        wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
+        return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request)
+
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+        """A single run is its own batch; a sweep group is one job array per MaxArraySize tasks, its script in
+        ``<sweep dir>/launch/`` (``sbatch.sh``, then ``sbatch_<first job num>.sh`` past MaxArraySize)."""
+        if sweep_dir is None:
+            return super().batches(plans, sweep_dir)
+        groups: dict[tp.Hashable, list[Plan[Request]]] = {}
+        for p in plans:
+            groups.setdefault(p.group_key, []).append(p)
+        out = []
+        for group in groups.values():
+            for name, chunk in _arrays(group, self.max_array_size):
+                script = Path(sweep_dir) / "launch" / name
+                files = {p.job.launch_dir / n: t for p in chunk for n, t in p.files.items()}
+                files[script] = render(chunk[0].request, [p.job.job_dir for p in chunk], array=True)
+                out.append(Batch(tuple(chunk), files))
+        return out
+
+    def submit(self, batch: Batch[Request]) -> list[Submission[SlurmRef]]:
+        """``sbatch`` the batch's script (a job's ``launch/sbatch.sh`` or the sweep's array script); returns at once.
+        Raises RuntimeError with sbatch's own message when sbatch fails."""
+        if shutil.which("sbatch") is None:
+            raise PreflightError("sbatch is not on PATH: run on a Slurm login node, or make the Slurm client "
+                                 "available (HPC: `module load slurm`; Debian/Ubuntu: `apt-get install slurm-client`)")
+        array = [path for path in batch.files if path.parent.parent not in {p.job.job_dir for p in batch.plans}]
+        script = array[0] if array else batch.plans[0].job.launch_dir / SCRIPT
+        dirs = [p.job.job_dir for p in batch.plans]
+        (log_root(dirs, bool(array)) / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
+        started = time.time()
+        job_id = _sbatch(script, batch.plans[0].request.env_refs)
+        subs = []
+        for i, p in enumerate(batch.plans):
+            jid = f"{job_id}_{i}" if array else job_id
+            out = log_root(dirs, bool(array)) / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
+            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out)))
+        return subs
+
+    def wait(self, subs: tp.Sequence[Submission[SlurmRef]], max_poll_s: float = 30.0,
+             lost_after_s: float = 300.0) -> list[JobResult]:
+        """Block until every job has a final state (requeues included); a single waited-for job has its rank-0 log
+        followed on stdout. One result per submission, with ``<job dir>/result.json`` as the value.
+
+        Slurm is asked (one query for all jobs) after 2 s, then less and less often up to every ``max_poll_s``,
+        and at once when a job's result.json appears. A job no tool has known for ``lost_after_s`` ends UNKNOWN."""
+        single = len(subs) == 1 and subs[0].plan.job.job_num is None
+        follow = _Follower(Path(str(subs[0].log_path))) if single else None
+        results: dict[int, JobResult] = {}
+        seen = {i: time.time() for i in range(len(subs))}
+        fresh: set[int] = set()
+        delay, next_check = 2.0, time.time() + 2.0
+        while len(results) < len(subs):
+            pending = [i for i in range(len(subs)) if i not in results]
+            new = {i for i in pending if i not in fresh and _fresh_result(subs[i])}
+            fresh |= new
+            if new or time.time() >= next_check:
+                infos = self.states([subs[i].ref for i in pending])
+                for i, info in zip(pending, infos):
+                    if info.state is not JobState.UNKNOWN:
+                        seen[i] = time.time()
+                    elif time.time() - seen[i] > lost_after_s:
+                        results[i] = JobResult(JobState.UNKNOWN,
+                                               error=f"job {subs[i].ref.job_id}: neither sacct nor squeue knows it")
+                    if info.state.final:
+                        results[i] = _result(subs[i], info.state)
+                delay = 2.0 if new else min(delay * 1.5, max_poll_s)
+                next_check = time.time() + delay
+            if follow is not None:
+                follow.poll()
+            if len(results) < len(subs):
+                time.sleep(1.0)
+        if follow is not None:
+            follow.poll()
+        return [results[i] for i in range(len(subs))]
+
+    def states(self, refs: tp.Sequence[SlurmRef]) -> list[StateInfo]:
+        """One ``sacct`` call for all jobs (``squeue`` for those it does not know, or when accounting is off)."""
+        from automodel_hydra.backends.slurm_states import query
+
+        found = query([r.job_id for r in refs])
+        return [found.get(r.job_id, StateInfo(JobState.UNKNOWN)) for r in refs]
+
+    def cancel(self, refs: tp.Sequence[SlurmRef]) -> None:
+        """``scancel`` each job: it checkpoints on SIGTERM, ends CANCELLED and is not requeued."""
+        for ref in refs:
+            subprocess.run(["scancel", ref.job_id], capture_output=True, env=_submit_env())
+
+    def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> SlurmRef:
+        ref = record.get("ref") or {}
+        job_id = ref.get("job_id") or (record.get("job_ids") or [""])[0]
+        return SlurmRef(str(job_id), float(ref.get("submitted_at", 0.0)))
+
+
+# ----------------------------------------------------------------------------------------------- side effects
+
+
 def max_array_size() -> int:
     """The cluster's MaxArraySize (``scontrol show config``); Slurm's default 1001 when it cannot be read."""
     try:
@@ -241,42 +564,6 @@ def max_array_size() -> int:
     return int(m.group(1)) if m else DEFAULT_MAX_ARRAY_SIZE
 
 
-def _arrays(plans: tp.Sequence[Plan], size: int) -> list[tuple[str, list[Plan]]]:
-    """Split one group into arrays of at most ``size`` tasks, each named after its first job."""
-    out = []
-    for i in range(0, len(plans), size):
-        chunk = list(plans[i:i + size])
-        num = chunk[0].job.job_num
-        out.append((SCRIPT if not num else f"sbatch_{num}.sh", chunk))
-    return out
-
-
-def sweep_files(plans: tp.Sequence[Plan], sweep_dir: Path) -> dict[str, str]:
-    """The sweep-level plan of one group: the array script(s), ``{"sbatch.sh": text}`` (more than one when the
-    group exceeds MaxArraySize: ``sbatch_<first job num>.sh``). The driver writes them to ``<sweep_dir>/launch/``."""
-    size = max_array_size()
-    return {name: render(chunk[0].payload, [p.job.job_dir for p in chunk], array=True)
-            for name, chunk in _arrays(plans, size)}
-
-
-# ----------------------------------------------------------------------------------------------- side effects
-
-
-def _check_can_submit(plans: tp.Sequence[Plan]) -> None:
-    """sbatch on PATH, container mount sources present, referenced env vars set (a warning)."""
-    if shutil.which("sbatch") is None:
-        raise RuntimeError("sbatch is not on PATH: run on a Slurm login node, or make the Slurm client available "
-                           "(HPC: `module load slurm`; Debian/Ubuntu: `apt-get install slurm-client`)")
-    for p in plans:
-        for mount in p.payload.mounts:
-            source = mount.split(":", 1)[0]
-            if not Path(source).exists():
-                raise FileNotFoundError(f"container mount source {source} (slurm.hf_home / nemo_mount / "
-                                        f"extra_mounts) does not exist; create it or fix the path")
-    for ref in sorted({r for p in plans for r in p.payload.env_refs if r not in os.environ}):
-        log.warning("slurm.env_vars refers to ${%s}, which is not set in this shell: the job sees it empty", ref)
-
-
 def _submit_env() -> dict[str, str]:
     """This environment without the variables of an enclosing Slurm job (submitit's ``clean_env``), keeping
     SLURM_CONF, which names the cluster."""
@@ -285,99 +572,50 @@ def _submit_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not (k.startswith(drop) or k in dist)}
 
 
-def _sbatch(script: Path) -> str:
-    """Submit ``script``; returns the job id. Raises RuntimeError with sbatch's own message on failure."""
-    from submitit.slurm.slurm import SlurmExecutor
+#: sbatch's words for "no cluster to talk to", and what the user is missing (slurm.conf(5): SLURM_CONF names the
+#: configuration; a configless cluster answers only on its login nodes).
+_SBATCH_HINTS = (
+    ("Unable to process configuration file", ": the Slurm configuration cannot be read; set SLURM_CONF to the "
+     "cluster's slurm.conf, or submit from a login node"),
+    ("Could not establish a configuration source", ": this machine has the Slurm client but no configuration; "
+     "set SLURM_CONF to the cluster's slurm.conf, or submit from a login node"),
+    ("Unable to contact slurm controller", ": the Slurm controller does not answer from here; submit from a login "
+     "node, or check SLURM_CONF (scontrol ping)"),
+    ("resolve", ": the Slurm controller's host name does not resolve here; submit from a login node, or check "
+     "SLURM_CONF (scontrol ping)"),
+)
 
-    proc = subprocess.run(["sbatch", str(script)], capture_output=True, text=True, env=_submit_env())
+
+def _sbatch(script: Path, env_refs: tp.Sequence[str] = ()) -> str:
+    """Submit ``script`` (``sbatch --parsable``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
+    job sees ``env_refs``); returns the job id. Raises RuntimeError with sbatch's own message on failure."""
+    argv = ["sbatch", "--parsable", *sbatch_export_args(os.environ, env_refs), str(script)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_submit_env())
     if proc.returncode != 0:
-        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout}")
-    return SlurmExecutor._get_job_id_from_submission_command(proc.stdout)
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
+        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
+    try:
+        return parse_job_id(proc.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"sbatch {script}: {e}") from None
 
 
-def submit(plans: tp.Sequence[Plan]) -> list[Submission]:
-    """Submit one job (a single run) or one job array per MaxArraySize tasks (a sweep group).
-
-    Each job dir's ``launch/sbatch.sh`` is the exact script submitted (for an array: the array script). Returns at
-    once; ``Submission.ids`` are Slurm ids (``123``, or ``123_4`` for array task 4)."""
-    from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob
-
-    _check_can_submit(plans)
-    single = len(plans) == 1 and plans[0].job.job_num is None
-    batches = [(SCRIPT, list(plans))] if single else _arrays(plans, max_array_size())
-    subs = []
-    for _, chunk in batches:
-        dirs = [p.job.job_dir for p in chunk]
-        text = render(chunk[0].payload, dirs, array=not single)
-        root = log_root(dirs, array=not single)
-        (root / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create the log folder
-        for p in chunk:
-            p.job.launch_dir.mkdir(parents=True, exist_ok=True)
-            (p.job.launch_dir / SCRIPT).write_text(text)
-        started = time.time()
-        job_id = _sbatch(chunk[0].job.launch_dir / SCRIPT)
-        for i, p in enumerate(chunk):
-            jid = job_id if single else f"{job_id}_{i}"
-            job = AutomodelSlurmJob(folder=root / "slurm", job_id=jid, tasks=list(range(p.payload.ntasks)))
-            subs.append(Submission(p, ids=[jid], log_path=str(job.paths.stdout), handle=(job, started)))
-    return subs
-
-
-def wait(subs: tp.Sequence[Submission], max_poll_s: float = 30.0, lost_after_s: float = 300.0) -> list[JobResult]:
-    """Block until every job has finished (requeues included); a single waited-for job has its rank-0 log
-    followed on stdout. Returns one JobResult per submission, with ``<job dir>/result.json`` as the value.
-
-    Slurm is asked (one sacct call for all jobs) after 2 s, then less and less often up to every ``max_poll_s``,
-    and at once when a job's result.json appears. A job no tool has known for ``lost_after_s`` ends UNKNOWN."""
-    from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob, normalize_state
-
-    single = len(subs) == 1 and subs[0].plan.job.job_num is None
-    follow = _Follower(Path(str(subs[0].log_path))) if single else None
-    results: dict[int, JobResult] = {}
-    seen = {i: time.time() for i in range(len(subs))}
-    fresh: set[int] = set()
-    delay, next_check = 2.0, time.time() + 2.0
-    while len(results) < len(subs):
-        pending = [i for i in range(len(subs)) if i not in results]
-        new = {i for i in pending if i not in fresh and _fresh_result(subs[i])}
-        fresh |= new
-        if new or time.time() >= next_check:
-            AutomodelSlurmJob.watcher.update()
-            for i in pending:
-                job = subs[i].handle[0]
-                state = normalize_state(job.watcher.get_state(job.job_id, mode="cache"))
-                if state != "UNKNOWN":
-                    seen[i] = time.time()
-                elif time.time() - seen[i] > lost_after_s:
-                    results[i] = JobResult("UNKNOWN", error=f"job {job.job_id}: neither sacct nor squeue knows it")
-                if state in FINISHED:
-                    results[i] = _result(subs[i], state)
-            delay = 2.0 if new else min(delay * 1.5, max_poll_s)
-            next_check = time.time() + delay
-        if follow is not None:
-            follow.poll()
-        if len(results) < len(subs):
-            time.sleep(1.0)
-    if follow is not None:
-        follow.poll()
-    return [results[i] for i in range(len(subs))]
-
-
-def _fresh_result(sub: Submission) -> bool:
+def _fresh_result(sub: Submission[SlurmRef]) -> bool:
     """Whether the job wrote ``result.json`` since it was submitted (not a leftover of an earlier run)."""
-    path = sub.plan.job.job_dir / "result.json"
-    return path.exists() and path.stat().st_mtime >= sub.handle[1] - 1
+    path = sub.plan.job.result_file
+    return path.exists() and path.stat().st_mtime >= sub.ref.submitted_at - 1
 
 
-def _result(sub: Submission, state: str) -> JobResult:
-    if state == "COMPLETED" and _fresh_result(sub):
-        return JobResult("COMPLETED", json.loads((sub.plan.job.job_dir / "result.json").read_text()))
+def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
+    if state is JobState.COMPLETED and _fresh_result(sub):
+        return JobResult(JobState.COMPLETED, read_result(sub.plan.job))
     tail = ""
     if sub.log_path and Path(sub.log_path).exists():
         tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
-    why = "no result.json was written" if state == "COMPLETED" else f"Slurm state {state}"
-    return JobResult("FAILED" if state == "COMPLETED" else state,
-                     error=f"job {','.join(sub.ids)}: {why} (log {sub.log_path}){tail}")
+    why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
+    return JobResult(JobState.FAILED if state is JobState.COMPLETED else state,
+                     error=f"job {sub.ref.job_id}: {why} (log {sub.log_path}){tail}")
 
 
 class _Follower:
@@ -397,25 +635,3 @@ class _Follower:
         if data:
             sys.stdout.write(self.decoder.decode(data))
             sys.stdout.flush()
-
-
-def status(record: dict[str, tp.Any]) -> str:
-    """State of a submitted job from its record (``launch/submission.json``): ``sacct``, else ``squeue`` (accounting
-    off; finished jobs stay there MinJobAge seconds), else ``UNKNOWN``. Names are Slurm's (:data:`plan.STATES`)."""
-    from automodel_hydra.backends.slurm_parse import Watcher, normalize_state
-
-    if not record.get("job_ids"):
-        return "UNKNOWN"
-    # a watcher of its own: status() may run in another thread (the sweep progress display) than wait()
-    return normalize_state(Watcher().get_state(str(record["job_ids"][0]), mode="force"))
-
-
-def cancel(record: dict[str, tp.Any]) -> None:
-    """``scancel`` every id of the record (a requeued job is cancelled too; it checkpoints only on USR2)."""
-    from automodel_hydra.backends.slurm_parse import AutomodelSlurmJob
-
-    for jid in record["job_ids"]:
-        # issue 6: scancel sends SIGTERM, on which the worker checkpoints and requeues itself (as on a preemption);
-        # Requeue=0 first makes that `scontrol requeue` fail, so a cancelled job stays cancelled
-        subprocess.run(["scontrol", "update", f"JobId={jid}", "Requeue=0"], capture_output=True, env=_submit_env())
-        AutomodelSlurmJob(folder=Path(record["job_dir"]), job_id=str(jid)).cancel(check=False)

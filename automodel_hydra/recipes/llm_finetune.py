@@ -1,7 +1,14 @@
-"""``llm_finetune``: a small causal LM (Hugging Face ``transformers``) trained on real text, on any launcher.
+"""``llm_finetune``: a causal LM (Hugging Face ``transformers``) fine-tuned on real text or instruction data, on any
+launcher.
 
-SPEC section 6. Read :func:`train` top-down: build data, model, optimizer and checkpointer; restore; loop
-{train step, agree on stop, log, checkpoint}; return the final metrics. The helpers it calls are above it.
+Read :func:`train` top-down: build tokenizer, data, model, optimizer and checkpointer; restore; loop {train step,
+agree on stop, log, validate, checkpoint}; export the final model; return the final metrics. The helpers it calls
+are above it.
+
+With ``model.name_or_path`` the model and its own tokenizer come from ``from_pretrained``; without, a small Llama
+over byte tokens is built from the ``model`` sizes (no download). At the end of a completed run rank 0 writes
+``<output_dir>/final_model/``: ``save_pretrained`` of the model (safetensors + config.json) and of the tokenizer when
+there is one, loadable with ``AutoModelForCausalLM.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -9,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import shutil
 import time
 import typing as tp
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,32 +29,45 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, ModelOptimState
 from automodel_hydra.config import NsysConfig, OptimConfig, TrainConfig
-from automodel_hydra.data import VOCAB_SIZE, ShardedWindows, build_data
+from automodel_hydra.data import IGNORE, StepSampler, Tokenizer, build_data, load_tokenizer
 from automodel_hydra.metrics import MetricsLogger
-
-if tp.TYPE_CHECKING:
-    from automodel_hydra.bootstrap import DistEnv
 
 logger = logging.getLogger(__name__)
 
+#: Under the job's output dir: the consolidated Hugging Face export of a completed run.
+FINAL_MODEL = "final_model"
 
-def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)``, or a small Llama from ``cfg.model`` sizes,
-    seeded by ``cfg.seed`` so every rank starts identical.
 
-    Raises ValueError when a pretrained model's vocabulary cannot hold the 256 byte tokens."""
+class RankEnv(tp.Protocol):
+    """Where this process trains (``bootstrap.init_distributed``'s result): its rank, local rank, the world size,
+    and its ``torch.device``. With ``world_size > 1`` the process group is initialised."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+
+def build_model(cfg: TrainConfig, device: torch.device, vocab_size: int) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)``, or a small Llama from ``cfg.model`` sizes
+    with ``vocab_size`` tokens, seeded by ``cfg.seed`` so every rank starts identical.
+
+    Raises ValueError when the pretrained model's embedding holds fewer than ``vocab_size`` tokens (the tokenizer
+    would produce ids it has no row for)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
     m = cfg.model
+    model: tp.Any
     if m.name_or_path:
         model = AutoModelForCausalLM.from_pretrained(m.name_or_path)
-        if model.config.vocab_size < VOCAB_SIZE:
-            raise ValueError(f"model.name_or_path={m.name_or_path!r} has vocab_size={model.config.vocab_size}; "
-                             f"byte-level data needs >= {VOCAB_SIZE}")
+        rows = int(model.get_input_embeddings().weight.shape[0])
+        if rows < vocab_size:
+            raise ValueError(f"model.name_or_path={m.name_or_path!r} embeds {rows} tokens; its tokenizer (or the "
+                             f"byte tokens used without one) needs {vocab_size}")
     else:
         model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=VOCAB_SIZE, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+            vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
             num_attention_heads=m.num_heads, num_key_value_heads=m.num_heads, intermediate_size=m.intermediate_size,
             max_position_embeddings=max(cfg.data.seq_len, 128), tie_word_embeddings=True))
     return model.to(device)
@@ -93,11 +116,18 @@ class NsysSteps:
             getattr(torch.cuda.profiler, what)()
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: ShardedWindows, step: int,
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats/token) of ``logits [B, T, V]`` against ``targets [B, T]`` over the targets that are
+    not :data:`~automodel_hydra.data.IGNORE` (prompt and padding of instruction examples)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: StepSampler, step: int,
                lr: float, device: torch.device) -> torch.Tensor:
     """One optimizer step over ``data.grad_accumulation`` micro-batches (DDP syncs gradients on the last one).
 
-    Returns this rank's mean loss (nats/token), a 0-dim tensor on ``device``."""
+    Returns this rank's mean loss (nats/token, the mean of the micro-batches' :func:`token_loss`, computed before
+    the update), a 0-dim tensor on ``device``."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     n = data.grad_accumulation
@@ -105,9 +135,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: S
     for micro in range(n):
         inputs, targets = (t.to(device, non_blocking=True) for t in data.batch(step, micro))
         no_sync = isinstance(model, DDP) and micro < n - 1
-        with model.no_sync() if no_sync else contextlib.nullcontext():
-            logits = model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        with tp.cast(DDP, model).no_sync() if no_sync else contextlib.nullcontext():
+            loss = token_loss(model(input_ids=inputs).logits, targets)
             (loss / n).backward()
         total += loss.detach() / n
     optimizer.step()
@@ -116,26 +145,38 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: S
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, val_tokens: torch.Tensor, seq_len: int, device: torch.device,
-             max_windows: int = 8) -> float | None:
-    """Mean loss on the first held-out windows (same on every rank; no collectives). None when too little text."""
-    n = min(max_windows, (val_tokens.numel() - 1) // seq_len)
-    if n < 1:
+def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor] | None, device: torch.device) -> float | None:
+    """:func:`token_loss` on the held-out ``(inputs, targets)`` (the same on every rank; no collectives). None
+    without held-out data."""
+    if val is None:
         return None
-    rows = val_tokens[: n * seq_len + 1]
-    inputs = rows[:-1].view(n, seq_len).to(device)
-    targets = rows[1:].view(n, seq_len).to(device)
     model.eval()
-    logits = model(input_ids=inputs).logits
+    loss = token_loss(model(input_ids=val[0].to(device)).logits, val[1].to(device)).item()
     model.train()
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).item()
+    return loss
 
 
-def _distributed(env: DistEnv) -> bool:
+def export_final(model: torch.nn.Module, tokenizer: Tokenizer, output_dir: str | os.PathLike) -> Path:
+    """Write ``<output_dir>/final_model/``: ``model.save_pretrained`` (safetensors weights, ``config.json``) and the
+    tokenizer's ``save_pretrained`` when it has one. Written to a temporary dir first and renamed, so a
+    ``final_model/`` that exists is whole. Rank 0 only; returns the dir."""
+    final = Path(output_dir) / FINAL_MODEL
+    tmp = final.with_name(f".{FINAL_MODEL}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tp.cast(tp.Any, model).save_pretrained(tmp)
+    if tokenizer.hf is not None:
+        tokenizer.hf.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    logger.info("final model: %s (AutoModelForCausalLM.from_pretrained loads it)", final)
+    return final
+
+
+def _distributed(env: RankEnv) -> bool:
     return env.world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
-def mean_over_ranks(value: torch.Tensor, env: DistEnv) -> float:
+def mean_over_ranks(value: torch.Tensor, env: RankEnv) -> float:
     """All-reduced mean of a 0-dim tensor (the tensor itself on one rank)."""
     if _distributed(env):
         value = value.clone()
@@ -144,7 +185,7 @@ def mean_over_ranks(value: torch.Tensor, env: DistEnv) -> float:
     return value.item()
 
 
-def any_rank(flag: bool, env: DistEnv) -> bool:
+def any_rank(flag: bool, env: RankEnv) -> bool:
     """True on every rank when ``flag`` is true on any rank (all_reduce MAX)."""
     if not _distributed(env):
         return bool(flag)
@@ -153,22 +194,25 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(t.item())
 
 
-def train(cfg: TrainConfig, env: DistEnv, should_stop: tp.Callable[[], bool] = lambda: False) -> dict[str, tp.Any]:
+def train(cfg: TrainConfig, env: RankEnv, should_stop: tp.Callable[[], bool] = lambda: False) -> dict[str, tp.Any]:
     """Train ``cfg``'s model from the newest checkpoint (``restore_from.path``) to ``step_scheduler.max_steps``.
 
     ``env`` has ``rank, local_rank, world_size, device``; with ``world_size > 1`` the process group is initialised.
     ``should_stop`` is polled after every step; when it is true on any rank, every rank checkpoints that step, waits
     for the checkpoint to complete and returns with ``stopped_early=True``.
 
-    Returns ``{"step", "loss", "stopped_early", "world_size", "tokens_per_s", "val_loss"}``: the last step run,
-    the last logged loss (mean over ranks, nats/token) and throughput (tokens/s over all ranks).
+    Returns ``{"step", "loss", "stopped_early", "world_size", "tokens_per_s", "val_loss", "final_model"}``: the
+    last step run, the last logged loss (mean over ranks, nats/token), throughput (tokens/s over all ranks, padding
+    included) and, when the run completed, the export dir (on rank 0; None elsewhere).
 
-    Raises ConfigError for a global batch size that does not divide over the ranks.
+    Raises ConfigError for a global batch size that does not divide over the ranks; ValueError for data that cannot
+    feed one step or a model whose vocabulary is smaller than its tokenizer's.
     """
     sched, rank0 = cfg.step_scheduler, env.rank == 0
-    data, val_tokens = build_data(cfg.data, sched.local_batch_size, seed=cfg.seed, rank=env.rank,
-                                  world_size=env.world_size, grad_accumulation=sched.grad_accumulation(env.world_size))
-    model = build_model(cfg, env.device)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    data = build_data(cfg.data, sched.local_batch_size, seed=cfg.seed, rank=env.rank, world_size=env.world_size,
+                      grad_accumulation=sched.grad_accumulation(env.world_size), tokenizer=tokenizer)
+    model = build_model(cfg, env.device, tokenizer.vocab_size)
     if _distributed(env):
         model = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
                     forward_sync_buffers=False)
@@ -181,26 +225,28 @@ def train(cfg: TrainConfig, env: DistEnv, should_stop: tp.Callable[[], bool] = l
     metrics = MetricsLogger(cfg.output_dir, sched.max_steps, rank=env.rank, world_size=env.world_size,
                             start_step=start)
     profiler = NsysSteps(cfg.profile.nsys)
-    tokens_per_step = data.samples_per_step * cfg.data.seq_len
+    tokens_per_step = data.train.samples_per_step * cfg.data.seq_len
     if rank0:
-        logger.info("llm_finetune: %.2fM params, world_size %d, %d tokens/step, steps %d..%d",
-                    sum(p.numel() for p in raw_model.parameters()) / 1e6, env.world_size, tokens_per_step,
-                    start + 1, sched.max_steps)
+        logger.info("llm_finetune: %.2fM params, %s tokens (vocab %d), %s data (%d samples), world_size %d, "
+                    "%d tokens/step, steps %d..%d", sum(p.numel() for p in raw_model.parameters()) / 1e6,
+                    "byte" if tokenizer.hf is None else "tokenizer", tokenizer.vocab_size, cfg.data.source,
+                    data.train.num_samples, env.world_size, tokens_per_step, start + 1, sched.max_steps)
 
     result: dict[str, tp.Any] = {"step": start, "loss": None, "stopped_early": False, "world_size": env.world_size,
-                                 "tokens_per_s": None, "val_loss": None}
+                                 "tokens_per_s": None, "val_loss": None, "final_model": None}
     window_start, window_steps = time.perf_counter(), 0
     try:
         for step in range(start + 1, sched.max_steps + 1):
             lr = lr_at(step, cfg.optim, sched.max_steps)
             with profiler.step(step):
-                loss = train_step(model, optimizer, data, step, lr, env.device)
+                loss = train_step(model, optimizer, data.train, step, lr, env.device)
             window_steps += 1
             last, stop = step == sched.max_steps, any_rank(should_stop(), env)
+            validate = last or (sched.val_every_steps is not None and step % sched.val_every_steps == 0)
 
-            if step % sched.log_interval == 0 or last or stop:
-                extra = {"val_loss": evaluate(raw_model, val_tokens, cfg.data.seq_len, env.device)} if last else {}
+            if step % sched.log_interval == 0 or last or stop or validate:
                 tokens_per_s = window_steps * tokens_per_step / (time.perf_counter() - window_start)
+                extra = {"val_loss": evaluate(raw_model, data.val, env.device)} if validate else {}
                 record = metrics.log(step, mean_over_ranks(loss, env), lr, tokens_per_s, **extra)
                 result.update(step=step, loss=record["loss"], tokens_per_s=tokens_per_s, **extra)
                 window_start, window_steps = time.perf_counter(), 0
@@ -216,6 +262,8 @@ def train(cfg: TrainConfig, env: DistEnv, should_stop: tp.Callable[[], bool] = l
     finally:
         checkpointer.close()
         metrics.close()
+    if rank0 and not result["stopped_early"]:
+        result["final_model"] = str(export_final(raw_model, tokenizer, cfg.output_dir))
     if rank0:
         logger.info("done: %s", result)
     return result

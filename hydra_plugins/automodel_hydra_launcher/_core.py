@@ -1,11 +1,16 @@
-"""The shared ``launch()`` of our Hydra launchers (the sequence of Hydra's joblib/ray launchers' ``_core``).
+"""``AutomodelLauncher.launch``: the sequence of Hydra's joblib/ray launchers' ``_core``, with planning in place of
+running.
 
-1. For each job: ``load_sweep_config``, set ``hydra.job.id/num``, ``run_job`` in this process. Our recipe's task
-   function (:func:`automodel_hydra.driver.run`) only *plans* here: it validates, writes the job's dirs and
-   ``launch/`` files and hands the plan back; any other task function simply runs.
-2. If any job failed to plan (a bad value), stop before submitting anything.
-3. Submit the collected plans together (:func:`automodel_hydra.driver.execute`), wait where they say so, and put
-   each job's real result (or failure) into its ``JobReturn``, in input order.
+1. The task function must declare the interface we plan through (``automodel_hydra.driver.launchable``); any
+   other task function is refused, naming it — it is never run in this process under a launcher named Slurm.
+2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
+   config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
+   function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
+   calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing).
+3. If any job failed to prepare (a bad value), stop before anything is submitted.
+4. ``driver.launch`` plans, writes, submits and waits for all jobs together; each job's real result (its final
+   loss, or its failure) goes into its ``JobReturn`` through Hydra's public setters, and only then do the
+   ``on_job_end`` callbacks see it.
 """
 
 from __future__ import annotations
@@ -17,60 +22,84 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
-from omegaconf import open_dict
+from hydra.types import HydraContext
+from omegaconf import DictConfig, open_dict
 
 from automodel_hydra import driver
 from automodel_hydra.plan import JobFailedError
 
+from ._compose import iter_sweep_configs
+
 if tp.TYPE_CHECKING:
-    from .launchers import AutomodelLauncher
+    from .launcher import AutomodelLauncher
 
 log = logging.getLogger(__name__)
+
+
+class _DeferJobEnd:
+    """Hydra's callbacks with ``on_job_end`` held back: a job ends when its backend says so, not when it has been
+    prepared. Everything else goes through unchanged."""
+
+    def __init__(self, callbacks: tp.Any) -> None:
+        self.callbacks = callbacks
+
+    def __getattr__(self, name: str) -> tp.Any:
+        return getattr(self.callbacks, name)
+
+    def on_job_end(self, **kwargs: tp.Any) -> None:
+        pass
+
+
+def _prepare_function(task_function: tp.Any) -> tp.Callable[[DictConfig], driver.Prepared]:
+    prepare = getattr(task_function, driver.PREPARE_ATTR, None)
+    if prepare is None:
+        name = f"{getattr(task_function, '__module__', '?')}.{getattr(task_function, '__qualname__', task_function)}"
+        raise ValueError(f"hydra/launcher=automodel runs task functions declared with @automodel_hydra.driver."
+                         f"launchable (train.py's main); {name} is not one: decorate it, or pick another launcher "
+                         "(hydra/launcher=basic runs it here, hydra/launcher=submitit_slurm on Slurm)")
+    return tp.cast(tp.Callable[[DictConfig], driver.Prepared], prepare)
 
 
 def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[str]],
            initial_job_idx: int) -> tp.Sequence[JobReturn]:
     setup_globals()
     assert launcher.config is not None and launcher.hydra_context is not None and launcher.task_function is not None
-    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
-    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    prepare = _prepare_function(launcher.task_function)
+    config, context = launcher.config, launcher.hydra_context
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"AutomodelLauncher({launcher.backend}) is launching {len(job_overrides)} jobs locally")
+    log.info(f"sweep dir: {sweep_dir}: preparing {len(job_overrides)} job(s)")
     state = Singleton.get_state()
+    planning = HydraContext(config_loader=context.config_loader,
+                            callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     returns: list[JobReturn] = []
-    with driver.collecting() as collected:
-        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            sweep_config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-            with open_dict(sweep_config):
-                sweep_config.hydra.job.id = f"{launcher.backend}_{idx}"
-                sweep_config.hydra.job.num = idx
-            HydraConfig.instance().set_config(sweep_config)
-            returns.append(run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function,
-                                   config=sweep_config, job_dir_key="hydra.sweep.dir",
-                                   job_subdir_key="hydra.sweep.subdir"))
-            Singleton.set_state(state)
-    if not collected:
-        return returns
-    bad = next((r for r in returns if r.status == JobStatus.FAILED), None)
-    if bad is not None:  # a job failed to plan: submit nothing
-        raise bad._return_value
-    plans = [plan for plan, _ in collected]
-    dry = all(dry_run for _, dry_run in collected)
-    driver.write_sweep_files(plans, sweep_dir, echo=dry)
-    if dry:
-        return returns
-    outcome = driver.execute(plans, sweep_dir)
+    configs: list[DictConfig] = []
+    composed = iter_sweep_configs(context.config_loader, config, job_overrides)  # one Hydra compose per group
+    for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, composed), start=initial_job_idx):
+        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"automodel_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        returns.append(run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
+                               job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+        configs.append(sweep_config)
+        Singleton.set_state(state)
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # launch lines go to the console, not a job log
     for ret in returns:
-        pending = ret.return_value if ret.status == JobStatus.COMPLETED else None
-        if not isinstance(pending, driver.Pending):
-            continue
-        sub, result = outcome[pending.plan.job.job_dir]
-        if result is None:  # detached: submitted, not waited for
-            ret.return_value = {"job_ids": sub.ids, "job_dir": str(sub.plan.job.job_dir)}
-            continue
+        if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
+            ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
+    try:
+        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
+    except driver.Stopped as e:
+        log.error(f"stopped: {e}")
+        raise SystemExit(130) from None
+    for ret, sweep_config, outcome in zip(returns, configs, outcomes):
         try:
-            ret.return_value = driver.value_or_raise(sub, result)
+            ret.return_value = outcome.value()
         except JobFailedError as e:
-            ret.status, ret._return_value = JobStatus.FAILED, e
+            ret.status = JobStatus.FAILED
+            ret.return_value = e
+        context.callbacks.on_job_end(config=sweep_config, job_return=ret)
     return returns

@@ -1,33 +1,25 @@
-"""Hydra launcher configs: ``hydra/launcher=automodel_{interactive,slurm,skypilot}``.
+"""Hydra registrations of automodel-hydra (Hydra imports this module when it scans ``hydra_plugins``):
+the launcher ``hydra/launcher=automodel``, the sweeper ``hydra/sweeper=automodel_basic`` and the recipe schema
+``llm_finetune_schema``.
 
-The job's own sections (``interactive:``, ``slurm:``, ``skypilot:``) hold every option, so a sweep can vary them;
-these nodes only name the launcher class. ``launcher=slurm`` selects both."""
+The job's own sections (``interactive:``, ``slurm:``, ``skypilot:``) hold every option, so a sweep can vary them
+and each job routes by its own sections; the launcher node only names the launcher class."""
 
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
 
-_PKG = "hydra_plugins.automodel_hydra_launcher.launchers"
+from automodel_hydra.config import register
 
 
 @dataclass
-class InteractiveLauncherConf:
-    _target_: str = f"{_PKG}.InteractiveLauncher"
-
-
-@dataclass
-class SlurmLauncherConf:
-    _target_: str = f"{_PKG}.SlurmLauncher"
-
-
-@dataclass
-class SkyPilotLauncherConf:
-    _target_: str = f"{_PKG}.SkyPilotLauncher"
+class AutomodelLauncherConf:
+    _target_: str = "hydra_plugins.automodel_hydra_launcher.launcher.AutomodelLauncher"
 
 
 @dataclass
 class AutomodelSweeperConf:
-    """``hydra/sweeper=automodel_basic``: Hydra's basic sweep, each job composed once under our launchers."""
+    """``hydra/sweeper=automodel_basic``: Hydra's basic sweep, each job composed once under our launcher."""
 
     _target_: str = "hydra_plugins.automodel_hydra_launcher.sweeper.AutomodelSweeper"
     # jobs per launcher call; null = all jobs in one call
@@ -37,7 +29,6 @@ class AutomodelSweeperConf:
 
 
 cs = ConfigStore.instance()
-for _name, _node in (("automodel_interactive", InteractiveLauncherConf), ("automodel_slurm", SlurmLauncherConf),
-                     ("automodel_skypilot", SkyPilotLauncherConf)):
-    cs.store(group="hydra/launcher", name=_name, node=_node, provider="automodel_hydra")
+cs.store(group="hydra/launcher", name="automodel", node=AutomodelLauncherConf, provider="automodel_hydra")
 cs.store(group="hydra/sweeper", name="automodel_basic", node=AutomodelSweeperConf, provider="automodel_hydra")
+register()

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
-_LAUNCHERS = __name__.rsplit(".", 1)[0] + ".launchers"  # the module of our launchers
+_LAUNCHERS = __name__.rsplit(".", 1)[0] + ".launcher"  # the module of our launcher
 
 
 def job_overrides(overrides: tp.Sequence[Override]) -> list[list[str]]:

@@ -1,5 +1,6 @@
-"""Thin Hydra launchers (Hydra's joblib/ray pattern): store the context, delegate ``launch`` to ``_core``, which
-Hydra's plugin scanner never imports (leading underscore) so starting Hydra stays fast."""
+"""The Hydra launcher of automodel-hydra, thin as Hydra's joblib/ray launchers are: it stores the context and
+delegates ``launch`` to ``_core``, which Hydra's plugin scanner never imports (leading underscore), so starting
+Hydra stays fast."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from omegaconf import DictConfig
 
 
 class AutomodelLauncher(Launcher):
-    """Plans every job of a sweep, then runs them together on the backend each job's config routes to."""
-
-    backend = "interactive"
+    """Prepares every job of a sweep, then runs them together on the backend each job's config routes to
+    (torchrun here, a Slurm job array, SkyPilot tasks)."""
 
     def __init__(self, **params: tp.Any) -> None:
         self.params = params
@@ -29,19 +29,3 @@ class AutomodelLauncher(Launcher):
         from . import _core
 
         return _core.launch(self, job_overrides, initial_job_idx)
-
-
-class InteractiveLauncher(AutomodelLauncher):
-    """torchrun on this node; sweep jobs packed onto free devices."""
-
-
-class SlurmLauncher(AutomodelLauncher):
-    """Slurm via submitit; a sweep becomes one job array per set of shared options."""
-
-    backend = "slurm"
-
-
-class SkyPilotLauncher(AutomodelLauncher):
-    """SkyPilot; one task (a managed job when use_spot) per sweep point."""
-
-    backend = "skypilot"

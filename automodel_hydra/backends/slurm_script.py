@@ -1,0 +1,184 @@
+"""Our own sbatch script renderer and the parsers around it: pure functions, no I/O, no submitit.
+
+* :func:`render_sbatch` writes the batch script: ``#SBATCH`` directives in the caller's order, setup lines, and
+  one ``srun`` line.
+* :func:`parse_job_id` reads the job id that ``sbatch --parsable`` prints.
+* :data:`SRUN_EXPORT_ARGS` and :func:`sbatch_export_args` keep a job working where the site exports nothing
+  (``SBATCH_EXPORT=NONE``); see "Site export settings" in docs/slurm.md.
+* :func:`pattern_literal` writes a directory name into an sbatch filename pattern (``%`` -> ``%%``).
+
+Quoting rules, from Slurm's own parser of ``#SBATCH`` lines (``_get_argument`` in ``src/sbatch/opt.c``): a
+value is one argument up to unquoted whitespace; single or double quotes group characters; a backslash escapes
+the next character *even inside quotes*; an unquoted ``#`` starts a comment; a line ends the argument. So a value
+that needs quoting is written ``"..."`` with ``\\`` and ``"`` backslash-escaped, and a newline cannot be written
+at all. bash never reads ``#SBATCH`` lines; the ``srun`` line is bash and is quoted with :func:`shlex.quote`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import typing as tp
+
+#: What srun needs so that every task gets the environment the batch script built (PYTHONPATH, MASTER_ADDR, ...).
+#: Under ``sbatch --export=NONE`` (or ``SBATCH_EXPORT=NONE``) sbatch sets ``SLURM_EXPORT_ENV=NONE`` in the batch
+#: environment and srun reads it as its own ``--export``, so the tasks would start with no variables at all, not
+#: even PATH; a command-line ``--export=ALL`` beats ``SLURM_EXPORT_ENV`` and ``SRUN_EXPORT_ENV`` (srun(1),
+#: ``--export`` and "INPUT ENVIRONMENT VARIABLES").
+SRUN_EXPORT_ARGS: tuple[str, ...] = ("--export=ALL",)
+
+#: sbatch options whose value is a "filename pattern" (sbatch(1)): ``%j`` and friends are expanded, and a backslash
+#: anywhere in the name turns every pattern off and is dropped, so the file would land in another directory.
+PATTERN_OPTIONS = frozenset({"output", "error", "input"})
+
+_OPTION = re.compile(r"[a-z][a-z0-9-]*\Z")
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")  # written as is: nothing sbatch's parser treats specially
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_JOB_ID = re.compile(r"(\d+)(?:;[^\s;]+)?\Z")
+
+
+def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequence[str],
+                  srun_args: tp.Sequence[str], command: str) -> str:
+    """The text of an sbatch batch script.
+
+    Parameters
+    ----------
+    directives
+        sbatch long options without the dashes, in the order they are written: ``("job-name", "x")``,
+        ``("time", 240)`` (minutes), ``("requeue", True)`` (``True`` = a bare flag ``#SBATCH --requeue``),
+        ``("array", "0-9%4")``, ``("output", "/runs/a/slurm/%j.out")`` (a filename pattern: ``%j`` stays a pattern;
+        write a literal directory with :func:`pattern_literal`).
+    setup
+        bash lines run by the batch step before srun (``export ...``, ``module load ...``).
+    srun_args
+        srun's own arguments, each quoted for bash.
+    command
+        what every task runs: a bash command line, written as given (the caller quotes it).
+
+    Returns
+    -------
+    str
+        ``#!/bin/bash``, the ``#SBATCH`` lines (sbatch reads them only before the first command), a ``# setup``
+        block, and ``# command``: ``srun ARGS COMMAND``; ends with a newline.
+
+    Raises
+    ------
+    ValueError
+        naming the option: a name that is not a long option, a repeated option, a value that is ``None``,
+        ``False`` or empty (leave the option out instead), a newline, carriage return or NUL in a value (sbatch
+        reads one option per line), or a backslash in a filename pattern (``output``/``error``/``input``, also in
+        ``srun_args``): sbatch(1) drops it and turns ``%`` patterns off, so the file would be written elsewhere.
+    """
+    lines = ["#!/bin/bash"]
+    seen: set[str] = set()
+    for name, value in directives:
+        if not isinstance(name, str) or not _OPTION.match(name):
+            raise ValueError(f"sbatch option {name!r}: not a long option name (lower case, digits and '-', e.g. "
+                             "'job-name'; no leading dashes)")
+        if name in seen:
+            raise ValueError(f"sbatch option --{name} is given twice; sbatch would keep only the last one")
+        seen.add(name)
+        lines.append(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={directive_value(name, value)}")
+    _check_srun_patterns(srun_args)
+    srun = " ".join(["srun", *(shlex.quote(str(a)) for a in srun_args), command])
+    return "\n".join([*lines, "", "# setup", *setup, "", "# command", srun, ""])
+
+
+def directive_value(name: str, value: object) -> str:
+    """``value`` written for sbatch's ``#SBATCH`` parser: as is when plain, else ``"..."`` with ``\\`` and ``"``
+    escaped. Raises ValueError (naming ``--name``) for the values :func:`render_sbatch` refuses."""
+    if value is None or value is False:
+        raise ValueError(f"sbatch option --{name}: {value!r} is not a value; leave the option out, or pass True for "
+                         "a bare flag")
+    text = str(value)
+    if text == "":
+        raise ValueError(f"sbatch option --{name}: empty value; leave the option out instead")
+    for bad, what in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL character")):
+        if bad in text:
+            raise ValueError(f"sbatch option --{name}={text!r}: contains {what}; sbatch reads one option per line, "
+                             "so the value cannot be written into the script")
+    if name in PATTERN_OPTIONS and "\\" in text:
+        raise ValueError(_backslash_message(name, text))
+    if _PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _backslash_message(name: str, text: str) -> str:
+    return (f"--{name}={text!r}: a filename pattern cannot contain a backslash (sbatch(1), \"filename pattern\": "
+            f"Slurm drops it and expands no %-pattern, so the file would be {text.replace(chr(92), '')!r}); "
+            "use a directory without a backslash")
+
+
+def _check_srun_patterns(srun_args: tp.Sequence[str]) -> None:
+    """srun's ``--output``/``--error``/``--input`` are filename patterns too (srun(1))."""
+    args = [str(a) for a in srun_args]
+    for i, arg in enumerate(args):
+        for name in PATTERN_OPTIONS:
+            if arg.startswith(f"--{name}="):
+                value = arg.split("=", 1)[1]
+            elif arg == f"--{name}" and i + 1 < len(args):
+                value = args[i + 1]
+            else:
+                continue
+            if "\\" in value:
+                raise ValueError("srun " + _backslash_message(name, value))
+
+
+def pattern_literal(path: object) -> str:
+    """``path`` as a literal part of an sbatch/srun filename pattern: every ``%`` doubled (sbatch(1), "filename
+    pattern": ``%%`` is the character ``%``). ``pattern_literal(run_dir) + "/slurm/%j.out"``."""
+    return str(path).replace("%", "%%")
+
+
+def parse_job_id(stdout: str) -> str:
+    """The job id in what ``sbatch --parsable`` printed: ``"123\\n"`` -> ``"123"``, ``"123;cluster"`` -> ``"123"``
+    (sbatch(1), ``--parsable``: "jobid[;cluster_name]").
+
+    Raises
+    ------
+    ValueError
+        one line quoting the raw output, when it is anything else (empty, or ``Submitted batch job 123`` from an
+        sbatch run without ``--parsable``).
+    """
+    m = _JOB_ID.match(stdout.strip())
+    if m is None:
+        raise ValueError(f"sbatch --parsable printed {stdout!r}; expected a job id such as '123' or '123;cluster'")
+    return m.group(1)
+
+
+def sbatch_export_args(environ: tp.Mapping[str, str], names: tp.Sequence[str]) -> list[str]:
+    """The ``--export`` argument the sbatch command line needs so that the job sees the submitting shell's
+    variables ``names`` (the ``"${VAR}"`` references of ``slurm.env_vars``), whatever the site's ``SBATCH_EXPORT``.
+
+    sbatch exports the whole submitting environment by default (``--export=ALL``); ``SBATCH_EXPORT`` (an input
+    variable, "same as --export") changes that, and a command-line option beats it (sbatch(1), ``--export`` and
+    "INPUT ENVIRONMENT VARIABLES"). Returns:
+
+    * ``[]`` when ``SBATCH_EXPORT`` is unset, empty or contains ``ALL`` (every variable reaches the job), or when
+      ``names`` is empty (the script itself exports all it needs; srun passes it on with :data:`SRUN_EXPORT_ARGS`);
+    * else ``["--export=SITE,NAMES"]``: the site's own list (``NONE`` dropped) with ``names`` added, so the site's
+      choice stands for every other variable. Only names go on the command line, never values.
+
+    Raises ValueError naming a name that is not a shell variable name.
+    """
+    for name in names:
+        if not _NAME.match(name):
+            raise ValueError(f"--export: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    site = [t.strip() for t in environ.get("SBATCH_EXPORT", "").split(",") if t.strip()]
+    if not names or not site or any(t.upper() == "ALL" for t in site):
+        return []
+    kept = [t for t in site if t.upper() != "NONE"]
+    listed = {t.split("=", 1)[0] for t in kept}
+    return ["--export=" + ",".join([*kept, *(n for n in dict.fromkeys(names) if n not in listed)])]
+
+
+__all__ = [
+    "PATTERN_OPTIONS",
+    "SRUN_EXPORT_ARGS",
+    "directive_value",
+    "parse_job_id",
+    "pattern_literal",
+    "render_sbatch",
+    "sbatch_export_args",
+]
