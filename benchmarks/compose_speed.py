@@ -24,15 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.types import RunMode
-from omegaconf import OmegaConf
+from hydra import initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
-import automodel_hydra.config  # noqa: F401  (registers the typed schemas)
-from hydra_plugins.automodel_hydra_launcher._compose import SweepComposer
-from hydra_plugins.automodel_hydra_launcher.sweeper import job_overrides
+import automodel_hydra.config  # noqa: E402, F401  (registers the typed schemas)
+from hydra_plugins.automodel_hydra_launcher._compose import SweepComposer  # noqa: E402
+from hydra_plugins.automodel_hydra_launcher.sweeper import job_overrides  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
