@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, ModelOptimState  # noqa: E402
+from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, ModelOptimState
 
 
 def build(params: int, width: int = 1024) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """automodel-hydra benchmarks: our launcher against the plain alternative, as ratios measured side by side.
 
-    .venv/bin/python benchmarks/run.py --quick   # ~4-5 min on 2 cores: extra pairs only while a 270 s budget lasts
-    .venv/bin/python benchmarks/run.py           # 9/4/1 pairs and the full 100 -> 1000 job plan (~10-15 min)
+    .venv/bin/python benchmarks/run.py --quick   # < 6 min on 2 cores: extra pairs only while a 240 s budget lasts
+    .venv/bin/python benchmarks/run.py           # 9/4/1/3 pairs, plans of 100 -> 1000 -> 10000 jobs (~15-25 min)
 
 Prints one ``name=value`` line per figure, then a table and what each figure compares (progress goes to stderr).
 The machine is shared and noisy, so every figure is a ratio of two measurements taken in the same run: A and B run
@@ -25,6 +25,24 @@ Figures (goal in brackets):
   the wall-time ratio is printed next to it.
 * ``ckpt_async_stall_ratio`` [<= 0.3]: training-thread time inside ``CheckpointManager.save`` with
   ``async_save=True`` / ``async_save=False``, same ~48 MB model+optimizer state (benchmarks/ckpt_stall.py).
+* ``sweep_submit_ratio_vs_hsl`` [<= 0.25]: a 200-point Slurm sweep of train.py
+  (``python train.py -m seed=range(0,200) launcher=slurm slurm.detach=true``), timed from command start to the
+  first ``sbatch`` call: our launcher, run as a user runs it (Hydra's default sweeper unless ``--ours-args`` says
+  otherwise) / the same command with ``hydra/launcher=submitit_slurm`` (hydra-submitit-launcher). ``sbatch`` is a
+  stand-in (``benchmarks/standins/sbatch``) that records the time of each call, submits nothing and prints a job
+  id: no cluster is needed to time how long a launcher takes to get to its submission. The stock launcher is
+  stopped right after its sbatch call (it would wait for results that never come).
+* ``sweep_1000_submit_s`` [<= 20]: the same sweep at 1000 points, ours, start to first sbatch; and
+  ``sweep_submit_peak_rss_mb`` [<= 100]: that process's peak RSS (``VmHWM``).
+* ``sweep_plan_growth_vs_linear`` [<= 1.25]: marginal planning cost per job of a plan-only Slurm sweep
+  (``dry_run=true``) from 1000 to 10000 jobs, divided by the marginal cost from 100 to 1000 (--quick: 10 -> 100 ->
+  1000): 1 is linear, more means each job costs more as the sweep grows.
+* ``compose_speedup`` (no goal): per-job compose cost, Hydra's ``load_sweep_config`` / ``_compose``'s
+  (benchmarks/compose_speed.py, in one process, every config checked equal to Hydra's).
+
+Our side of the scale figures is cut off at a wall-time cap (--caps); a cut-off run gives a lower bound, and a big
+run that the smaller runs predict to take more than twice its cap is not made: its figure is then an estimate.
+Both are marked (``>=``, ``~``) and never count as meeting a goal.
 
 Context (no goal): time to first training step (command start to the first ``metrics.jsonl`` line), peak RSS of
 the driver process itself (kernel high-water mark ``VmHWM`` of the ``python train.py`` pid, polled from
@@ -41,6 +59,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
@@ -65,7 +84,12 @@ GOALS = {  # name -> (goal, "<=")
     "sweep_packing_ratio": 0.7,
     "array_plan_growth_ratio": 12.0,
     "ckpt_async_stall_ratio": 0.3,
+    "sweep_submit_ratio_vs_hsl": 0.25,
+    "sweep_1000_submit_s": 20.0,
+    "sweep_submit_peak_rss_mb": 100.0,
+    "sweep_plan_growth_vs_linear": 1.25,
 }
+STANDINS = ROOT / "benchmarks" / "standins"  # sbatch stand-in: records when it is called, submits nothing
 # one step, no checkpoint: the trivial job of launch_overhead_ratio
 TRIVIAL = ["step_scheduler.max_steps=1", "checkpoint.enabled=false"]
 
@@ -87,6 +111,10 @@ class Run:
     first_step_s: float | None  # command start -> first non-empty metrics file
     log: Path
     child_s: tuple[float, float] | None = None  # first and last time (from start) a child process was seen alive
+    start_epoch: float = 0.0  # time.time() just before the command started
+    stopped: str = ""  # "": ran to its end; "timeout": cut off at its time limit; "stop_when": stopped when asked
+    submit_s: float | None = None  # command start -> first call of the sbatch stand-in (Slurm sweep runs)
+    submit_cpu_s: float | None = None  # CPU time (utime+stime) of the process that made that call, at the call
 
     @property
     def ok(self) -> bool:
@@ -146,24 +174,40 @@ def _has_children(pid: int) -> bool:
 
 
 def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metrics: tp.Sequence[Path] = (),
-          timeout: float = 600.0, track_children: bool = False) -> Run:
+          timeout: float = 600.0, track_children: bool = False, stop_when: tp.Callable[[], bool] | None = None,
+          kill_grace: float = 30.0) -> Run:
     """Run ``argv`` (cwd = repo root, output to ``log``) and measure it.
 
     The main thread blocks in ``os.wait4`` (exact end time and the tree's rusage); every 20 ms a monitor thread
-    polls the process's ``VmHWM`` and CPU time, the ``metrics`` files and (``track_children``) whether it has a
-    running child. On timeout the command gets SIGINT (our driver then stops its workers), then SIGKILL."""
+    polls the process's ``VmHWM`` and CPU time, the ``metrics`` files, (``track_children``) whether it has a
+    running child and (``stop_when``) whether the command has done what is measured: then it gets SIGTERM, and
+    SIGKILL 10 s later. On timeout the command gets SIGINT (our driver then stops its workers), then SIGKILL
+    ``kill_grace`` seconds later. ``Run.stopped`` says which of these ended it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     done = threading.Event()
     hwm: list[int] = [0]
     self_cpu: list[float | None] = [None]
     child: list[float] = []  # first, last time a child was seen
     first: list[float | None] = [None]
+    stopped: list[str] = [""]
     with open(log, "wb") as out:
-        t0 = time.perf_counter()
+        t0, t0_epoch = time.perf_counter(), time.time()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+        def stop() -> None:
+            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 0)):
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                if done.wait(grace):
+                    return
 
         def monitor() -> None:
             while not done.is_set():
+                if stop_when is not None and not stopped[0] and stop_when():
+                    stopped[0] = "stop_when"
+                    threading.Thread(target=stop, daemon=True).start()
                 kb = _vm_hwm_kb(proc.pid)
                 if kb:
                     hwm[0] = max(hwm[0], kb)
@@ -182,7 +226,8 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
                 done.wait(0.02)
 
         def kill() -> None:
-            for sig, grace in ((signal.SIGINT, 30), (signal.SIGKILL, 0)):
+            stopped[0] = stopped[0] or "timeout"
+            for sig, grace in ((signal.SIGINT, kill_grace), (signal.SIGKILL, 0)):
                 try:
                     os.kill(proc.pid, sig)
                 except ProcessLookupError:
@@ -202,7 +247,8 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
         mon.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
     return Run(argv, proc.returncode, wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024,
-               hwm[0] / 1024 if hwm[0] else None, self_cpu[0], first[0], log, (child[0], child[1]) if child else None)
+               hwm[0] / 1024 if hwm[0] else None, self_cpu[0], first[0], log, (child[0], child[1]) if child else None,
+               t0_epoch, stopped[0])
 
 
 def free_port() -> int:
@@ -252,6 +298,7 @@ class Figure:
     b: str = ""
     reps: str = ""
     note: str = ""
+    bound: str = ""  # "": measured; ">=": a lower bound (a run was cut off); "~": an estimate (a run was not made)
 
     @property
     def goal(self) -> float | None:
@@ -263,13 +310,15 @@ class Figure:
             return ""
         if self.value is None:
             return "N/A"
+        if self.bound and self.value <= self.goal:
+            return "N/A"  # a lower bound or an estimate under the goal proves nothing
         return "ok" if self.value <= self.goal else "MISS"
 
 
 def fmt(x: float | None, nd: int = 3) -> str:
     if x is None:
         return "unavailable"
-    if x != x:
+    if math.isnan(x):
         return "nan"
     return f"{x:.{nd}g}" if abs(x) < 1000 else f"{x:.0f}"
 
@@ -488,6 +537,168 @@ def plan_figures(t: PairTask, sizes: tuple[int, int]) -> list[Figure]:
     ]
 
 
+# ----------------------------------------------------------------------------------------------- sweeps at scale
+
+
+def standin_env(record: Path) -> dict[str, str]:
+    """This environment with the sbatch stand-in first on PATH; it appends each call's time to ``record``."""
+    return dict(os.environ, PATH=f"{STANDINS}{os.pathsep}{os.environ.get('PATH', '')}",
+                SBATCH_STANDIN_RECORD=str(record))
+
+
+def slurm_sweep(work: Path, tag: str, n: int, extra: tp.Sequence[str], *, cap: float, stop_at_submit: bool) -> Run:
+    """``python train.py -m seed=range(0,n) launcher=slurm slurm.detach=true EXTRA`` with the sbatch stand-in on
+    PATH; ``Run.submit_s`` is command start -> the stand-in's first call. ``stop_at_submit``: stop the command
+    then (Hydra's submitit launcher waits for the jobs' results, which never come). ``cap``: wall-time limit; a
+    run cut off there has ``stopped == "timeout"`` and no ``submit_s``."""
+    d, record = work / tag, work / f"{tag}.sbatch-calls"
+    shutil.rmtree(d, ignore_errors=True)
+    record.unlink(missing_ok=True)
+    run = timed([PY, "train.py", "-m", f"seed=range(0,{n})", "launcher=slurm", "slurm.detach=true",
+                 f"hydra.sweep.dir={d}", *extra], work / "logs" / f"{tag}.log", env=standin_env(record), timeout=cap,
+                stop_when=record.exists if stop_at_submit else None, kill_grace=5)
+    calls = record.read_text().splitlines() if record.exists() else []
+    shutil.rmtree(d, ignore_errors=True)
+    if run.stopped == "timeout" and not calls:
+        return run
+    if not calls:
+        raise Fail(f"{n}-point Slurm sweep ({tag}: the sbatch stand-in was never called)", run)
+    if run.stopped != "stop_when" and not run.ok:
+        raise Fail(f"{n}-point Slurm sweep ({tag})", run)
+    epoch, cpu_s = calls[0].split()[:2]
+    return dataclasses.replace(run, submit_s=float(epoch) - run.start_epoch,
+                               submit_cpu_s=None if cpu_s == "-" else float(cpu_s))
+
+
+def submit_task(work: Path, n: int, min_pairs: int, max_pairs: int, cap: float,
+                ours_extra: tp.Sequence[str]) -> PairTask:
+    """A = our launcher (``launcher=slurm``, Hydra's default sweeper unless ``ours_extra`` says otherwise), B =
+    hydra-submitit-launcher (``hydra/launcher=submitit_slurm``) on the same command: an ``n``-point sweep, timed
+    from command start to the first sbatch call. A is cut off at ``cap`` seconds."""
+    def ours(i: int) -> Run:
+        return slurm_sweep(work, f"submit-ours-{i}", n, ours_extra, cap=cap, stop_at_submit=False)
+
+    def theirs(i: int) -> Run:
+        return slurm_sweep(work, f"submit-hsl-{i}", n, ["hydra/launcher=submitit_slurm"], cap=max(cap, 600),
+                           stop_at_submit=True)
+
+    return PairTask("submit", ours, theirs, min_pairs, max_pairs)
+
+
+def submit_time(r: Run) -> float:
+    """Start -> first sbatch call; a run cut off before it counts as its cut-off time (so ratios are bounds)."""
+    return r.submit_s if r.submit_s is not None else r.wall_s
+
+
+def submit_cpu(r: Run) -> float:
+    """CPU seconds of the submitting process up to its first sbatch call (when cut off: of the whole run)."""
+    return r.submit_cpu_s if r.submit_cpu_s is not None else r.cpu_s
+
+
+def submit_figures(t: PairTask, n: int, cap: float) -> list[Figure]:
+    ratios = t.ratios(submit_time)
+    cut = sum(1 for a, _ in t.pairs if a.submit_s is None)
+    nt = f"{len(t.pairs)} pairs"
+    ours_s, hsl_s = t.med(0, submit_time), t.med(1, submit_time)
+    return [
+        Figure("sweep_submit_ratio_vs_hsl", median(ratios), f"ours {ours_s:.1f}s", f"hydra-submitit-launcher "
+               f"{hsl_s:.1f}s", nt, (f"ours cut off at {cap:.0f}s in {cut} pairs; " if cut else "") +
+               f"{n} points, start -> first sbatch (stand-in) {spread(ratios)}", bound=">=" if cut else ""),
+        Figure("sweep_submit_cpu_ratio_vs_hsl", median(t.ratios(submit_cpu)), f"{t.med(0, submit_cpu):.1f} cpu-s",
+               f"{t.med(1, submit_cpu):.1f} cpu-s", nt, f"CPU of the submitting process, start -> first sbatch "
+               f"{spread(t.ratios(submit_cpu))}: what other users' load moves least", bound=">=" if cut else ""),
+    ]
+
+
+def big_submit_figures(work: Path, n: int, cap: float, small: PairTask | None, small_n: int,
+                       ours_extra: tp.Sequence[str], time_left: float) -> list[Figure]:
+    """``sweep_1000_submit_s`` and ``sweep_submit_peak_rss_mb``: one ``n``-point sweep of ours, planned and
+    submitted (to the stand-in). Not run when the ``small_n``-point runs of ``small`` predict more than twice
+    ``cap`` or more than ``time_left`` (the --quick time limit): then both are estimates from those runs."""
+    if small is not None and small.pairs:
+        est = median([submit_time(a) for a, _ in small.pairs]) * n / small_n  # an overestimate: start-up x n/small_n
+        cut_small = any(a.submit_s is None for a, _ in small.pairs)
+        if cut_small or est > min(2 * cap, time_left):
+            hwm = max(a.self_hwm_mb or 0 for a, _ in small.pairs)
+            why = (f"not run: the {small_n}-point runs were cut off" if cut_small else
+                   f"not run: the {small_n}-point runs predict ~{est:.0f} s, over "
+                   + (f"2 x the {cap:.0f} s cap" if est > 2 * cap else "the --quick time left"))
+            return [Figure("sweep_1000_submit_s", est, f"~{n}/{small_n} x the {small_n}-point time", "", "0", why,
+                           bound="~"),
+                    Figure("sweep_submit_peak_rss_mb", hwm, f"VmHWM of the {small_n}-point runs", "", "0",
+                           f"{n}-point run not made", bound=">=")]
+    progress(f"{n}-point Slurm sweep (ours, sbatch stand-in), cap {cap:.0f}s")
+    run = slurm_sweep(work, f"submit-{n}", n, ours_extra, cap=cap, stop_at_submit=False)
+    cut = run.submit_s is None
+    progress(f"{n}-point sweep: {'cut off at ' if cut else 'first sbatch at '}{submit_time(run):.1f}s, "
+             f"VmHWM {run.self_hwm_mb or 0:.0f} MB, {run.cpu_s:.1f} cpu-s")
+    note = (f"cut off at the {cap:.0f} s cap" if cut else
+            f"{submit_cpu(run):.1f} cpu-s to the sbatch call; exit at {run.wall_s:.1f}s")
+    return [Figure("sweep_1000_submit_s", submit_time(run),
+                   f"{n} points planned + submitted", "", "1", note, bound=">=" if cut else ""),
+            Figure("sweep_submit_peak_rss_mb", run.self_hwm_mb, f"VmHWM of the {n}-point train.py process", "", "1",
+                   "until cut off" if cut else "", bound=">=" if cut else "")]
+
+
+def plan_only(work: Path, n: int, cap: float) -> tuple[Run, int]:
+    """The plan task's command (a Slurm dry run) at ``n`` jobs, cut off at ``cap`` seconds; also how many jobs
+    Hydra had set up (``<job>/.hydra/config.yaml`` written) by the end."""
+    d = work / f"plan-{n}-big"
+    run = timed([PY, "train.py", "-m", "launcher=slurm", "slurm.partition=debug", "dry_run=true", f"seed=range(0,{n})",
+                 f"hydra.sweep.dir={d}"], work / "logs" / f"plan-{n}-big.log", timeout=cap, kill_grace=5)
+    done = sum(1 for j in range(n) if (d / str(j) / ".hydra" / "config.yaml").exists())
+    shutil.rmtree(d, ignore_errors=True)
+    if run.stopped != "timeout" and not run.ok:
+        raise Fail(f"{n}-job Slurm dry run", run)
+    return run, done
+
+
+def growth_figures(work: Path, plan: PairTask, sizes: tuple[int, int], big: int, cap: float,
+                   time_left: float) -> list[Figure]:
+    """``sweep_plan_growth_vs_linear``: marginal planning cost per job from ``sizes[1]`` to ``big`` jobs divided by
+    the marginal cost from ``sizes[0]`` to ``sizes[1]`` (the plan task's runs): 1 = linear, > 1 = each job costs
+    more as the sweep grows. CPU time of the planning process. The ``big`` run is not made when the plan task's
+    runs predict more than twice ``cap`` or more than ``time_left``; a run cut off at ``cap`` gives an estimate
+    from the jobs it had set up by then."""
+    small, mid = sizes
+    t_small, t_mid = plan.med(1, cpu), plan.med(0, cpu)
+    m1 = (t_mid - t_small) / (mid - small)
+    est_cpu = t_mid + m1 * (big - mid)
+    est_wall = est_cpu * max(1.0, plan.med(0, wall) / t_mid)  # this machine's load stretches wall time
+    name = "sweep_plan_growth_vs_linear"
+    span = f"marginal cpu-s/job {mid}->{big} / {small}->{mid}"
+    if est_wall > min(2 * cap, time_left):
+        over = f"2 x the {cap:.0f} s cap" if est_wall > 2 * cap else "the --quick time left"
+        return [Figure(name, None, span, f"{small}->{mid}: {m1 * 1e3:.0f} ms/job", "0",
+                       f"not run: {big} jobs would take ~{est_wall:.0f} s, over {over}")]
+    progress(f"{big}-job Slurm dry run (plan only), cap {cap:.0f}s")
+    run, done = plan_only(work, big, cap)
+    cut = run.stopped == "timeout"
+    progress(f"{big}-job dry run: {run.cpu_s:.1f} cpu-s, {run.wall_s:.1f}s"
+             + (f" (cut off after {done} jobs were set up)" if cut else ""))
+    reached = done if cut else big
+    if reached <= mid:
+        return [Figure(name, None, span, "", "1", f"cut off at {cap:.0f} s after {done} jobs")]
+    m2 = (run.cpu_s - t_mid) / (reached - mid)
+    return [Figure(name, m2 / m1 if m1 > 0 else None, span, f"{m2 * 1e3:.1f} / {m1 * 1e3:.1f} ms/job", "1",
+                   f"{big} jobs: {run.cpu_s:.0f} cpu-s, {run.wall_s:.0f}s wall" if not cut else
+                   f"cut off at {cap:.0f} s: estimated from the {done} jobs set up by then", bound="~" if cut else ""),
+            Figure("sweep_plan_big_s_per_job", run.cpu_s / reached, f"{big}-job dry run, cpu-s/job", "", "1",
+                   f"VmHWM {run.self_hwm_mb or 0:.0f} MB", bound="~" if cut else "")]
+
+
+def compose_figures(work: Path) -> list[Figure]:
+    """Per-job compose cost in one process: Hydra's ``load_sweep_config`` / ``_compose`` (benchmarks/compose_speed.py:
+    200 jobs over 2 learning rates, CPU time, every job checked equal to Hydra's)."""
+    run = checked("compose benchmark", timed([PY, str(ROOT / "benchmarks" / "compose_speed.py")],
+                                             work / "logs" / "compose.log"))
+    res = json.loads([ln for ln in run.log.read_text().splitlines() if ln.startswith("{")][-1])
+    return [Figure("compose_speedup", res["speedup"], f"Hydra {res['hydra_ms_per_job']:.0f} ms/job",
+                   f"_compose {res['ours_ms_per_job']:.1f} ms/job", f"{res['jobs']} jobs",
+                   f"{res['composes']} Hydra compose(s), {res['fallbacks']} fallbacks, equal to Hydra's: "
+                   f"{res['equal_to_hydra']}")]
+
+
 def ckpt_figures(work: Path, rounds: int) -> list[Figure]:
     run = checked("checkpoint benchmark", timed(
         [PY, str(ROOT / "benchmarks" / "ckpt_stall.py"), "--rounds", str(rounds), "--dir", str(work / "ckpt")],
@@ -519,6 +730,17 @@ What is compared (A / B; medians of per-pair ratios, A and B of a pair run back 
                            (*_wall), which here mostly tracks other users' load during the long run, is shown too.
   ckpt_async_stall_ratio   time the training thread spends inside CheckpointManager.save(): async_save=True /
                            False, same state, rounds interleaved (benchmarks/ckpt_stall.py).
+  sweep_submit_ratio_vs_hsl  python train.py -m seed=range(0,200) launcher=slurm slurm.detach=true, start to the
+                           first sbatch call (a stand-in on PATH that records the time and prints a job id):
+                           A = our launcher (Hydra's default sweeper unless --ours-args), B = the same command
+                           with hydra/launcher=submitit_slurm (hydra-submitit-launcher), stopped at its sbatch.
+                           *_cpu_*: the submitting process's own CPU seconds up to that call (the stand-in reads
+                           them from /proc/PPID/stat), which other users' load moves far less than wall time.
+  sweep_1000_submit_s      the same at 1000 points, ours; sweep_submit_peak_rss_mb = its VmHWM.
+  sweep_plan_growth_vs_linear  plan-only (dry_run=true) Slurm sweeps: marginal cpu-s per job from the middle to
+                           the biggest size / from the smallest to the middle (1 = linear).
+  compose_speedup          per-job CPU of Hydra's load_sweep_config / _compose's copy-and-apply, one process.
+  >= / ~                   a lower bound (our run was cut off at its cap) / an estimate (the run was not made).
   *_cpu_ratio              user+sys CPU of the whole process tree, which other users' load barely moves.
   driver_peak_rss_mb       VmHWM (the kernel's peak-RSS mark) of the python train.py process alone, polled from
                            /proc/PID/status; tree_peak_rss_mb = ru_maxrss from wait4, the largest process of the
@@ -541,32 +763,53 @@ def table(figures: list[Figure]) -> str:
 # ----------------------------------------------------------------------------------------------- main
 
 RATIO_OF = {"ckpt": "ckpt_async_stall_ratio", "launch": "launch_overhead_ratio", "sweep": "sweep_packing_ratio",
-            "plan": "array_plan_growth_ratio"}
+            "plan": "array_plan_growth_ratio", "submit": "sweep_submit_ratio_vs_hsl",
+            "bigsubmit": "sweep_1000_submit_s", "growth": "sweep_plan_growth_vs_linear",
+            "compose": "compose_speedup"}
+ORDER = ("launch", "sweep", "plan", "submit", "bigsubmit", "growth", "compose", "ckpt")
+BIG_SUBMIT = 1000  # points of sweep_1000_submit_s
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="one mandatory round, then more pairs only while the time budget lasts; plan 10 -> 100 jobs")
+                    help="one mandatory round, then more pairs only while the time budget lasts; plan 10 -> 100 "
+                         "(-> 1000 for the growth figure) jobs; runs of ours cut off at short caps")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds after which no optional pair is started (default: 270 with --quick, none without)")
-    ap.add_argument("--only", default="ckpt,launch,sweep,plan", help="comma list of: ckpt,launch,sweep,plan")
+                    help="seconds after which no optional pair is started (default: 240 with --quick, none without)")
+    ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,growth,compose",
+                    help="comma list of: ckpt,launch,sweep,plan,submit (ratio vs hydra-submitit-launcher, 1000-point "
+                         "submit, peak RSS),growth (needs plan),compose (per-job compose: Hydra vs _compose)")
     ap.add_argument("--pairs", default=None,
-                    help="LAUNCH,SWEEP,PLAN maximum pairs (default: --quick 7,3,1 with minimums 2,1,1; else 9,4,1)")
-    ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100)")
+                    help="LAUNCH,SWEEP,PLAN,SUBMIT maximum pairs (default: --quick 7,3,1,3 with minimums 1,1,1,1; "
+                         "else 9,4,1,3)")
+    ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100); "
+                                                       "the growth figure adds 10 x BIG")
+    ap.add_argument("--submit-points", type=int, default=200, help="points of the sweep_submit_ratio_vs_hsl sweep")
+    ap.add_argument("--ours-args", default="",
+                    help="extra train.py arguments for our side of the submit figures, e.g. "
+                         "'hydra/sweeper=automodel_basic' (space-separated)")
+    ap.add_argument("--caps", default=None,
+                    help="PAIR,BIG,GROWTH wall-time caps (s) for our side of the submit pair, the 1000-point submit "
+                         "and the biggest plan-only run (default: --quick 60,60,90; else 300,600,1800)")
     ap.add_argument("--sweep-steps", type=int, default=1, help="training steps per sweep job")
     ap.add_argument("--json", default=None, help="also write every figure to this JSON file")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, job dirs)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses its goal or is unavailable")
     args = ap.parse_args(argv)
     q = args.quick
-    budget = args.budget if args.budget is not None else (270.0 if q else float("inf"))
-    max_pairs = [int(x) for x in (args.pairs or ("7,3,1" if q else "9,4,1")).split(",")]
-    min_pairs = [min(m, x) for m, x in zip((2, 1, 1) if q else max_pairs, max_pairs)]
+    budget = args.budget if args.budget is not None else (240.0 if q else float("inf"))
+    deadline = budget + 90.0  # --quick: no one-off big run is started that would end past this (seconds from start)
+    max_pairs = [int(x) for x in (args.pairs or ("7,3,1,3" if q else "9,4,1,3")).split(",")]
+    assert len(max_pairs) == 4, "--pairs takes LAUNCH,SWEEP,PLAN,SUBMIT"
+    min_pairs = [min(m, x) for m, x in zip((1, 1, 1, 1) if q else max_pairs[:3] + [1], max_pairs)]
     sizes = tuple(int(x) for x in (args.plan_sizes or ("10,100" if q else "100,1000")).split(","))
     assert len(sizes) == 2 and sizes[1] > sizes[0] > 0
     only = set(args.only.split(","))
+    ours_extra = args.ours_args.split()
+    # wall-time caps for our side of the scale figures (today's launcher can take many minutes at 1000+ points)
+    cap_pair, cap_big, cap_growth = (float(x) for x in (args.caps or ("60,60,90" if q else "300,600,1800")).split(","))
 
     work = Path(tempfile.mkdtemp(prefix="automodel-bench-"))
     load0, t_start = os.getloadavg()[0], time.perf_counter()
@@ -577,28 +820,63 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, list[Figure]] = {}
     failed: dict[str, str] = {}
 
+    if "compose" in only:
+        try:
+            figures["compose"] = compose_figures(work)
+        except Exception as e:
+            failed["compose"] = f"{type(e).__name__}: {e}"
     if "ckpt" in only:
         try:
             figures["ckpt"] = ckpt_figures(work, 4 if q else 8)
-        except Exception as e:  # noqa: BLE001  (one figure failing must not stop the others)
+        except Exception as e:  # one figure failing must not stop the others
             failed["ckpt"] = f"{type(e).__name__}: {e}"
         progress(f"ckpt done at {time.perf_counter() - t_start:.0f}s")
 
     tasks: list[PairTask] = []
+    by_name: dict[str, PairTask] = {}
     dry_run: Run | None = None
     slurm_missing = not (ROOT / "automodel_hydra" / "backends" / "slurm.py").exists()
     try:
         if "launch" in only:
             t, dry_run = launch_task(work, min_pairs[0], max_pairs[0])
             tasks.append(t)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         failed["launch"] = f"{type(e).__name__}: {e}"
     if "sweep" in only:
         tasks.append(sweep_task(work, min_pairs[1], max_pairs[1], args.sweep_steps))
-    if "plan" in only and not slurm_missing:
+    if ("plan" in only or "growth" in only) and not slurm_missing:
         tasks.append(plan_task(work, (sizes[0], sizes[1]), min_pairs[2], max_pairs[2]))
+    if "submit" in only and not slurm_missing:
+        tasks.append(submit_task(work, args.submit_points, min_pairs[3], max_pairs[3], cap_pair, ours_extra))
+    by_name = {t.name: t for t in tasks}
+
+    def time_left() -> float:
+        """Seconds until the --quick run should be over (its one-off big runs are not started past it)."""
+        return deadline - (time.perf_counter() - t_start)
+
+    def one_offs() -> None:
+        """The single big runs, after every task's first pair (their skip rules use those pairs)."""
+        if "submit" in only and not slurm_missing:
+            try:
+                sub = by_name.get("submit")
+                figures["bigsubmit"] = big_submit_figures(work, BIG_SUBMIT, cap_big, sub if sub and sub.pairs else None,
+                                                          args.submit_points, ours_extra, time_left())
+            except Exception as e:
+                failed["bigsubmit"] = f"{type(e).__name__}: {e}"
+        if "growth" in only and not slurm_missing:
+            plan = by_name.get("plan")
+            if plan is None or not plan.pairs:
+                failed["growth"] = "the plan task (its two smaller sizes) did not run"
+            else:
+                try:
+                    figures["growth"] = growth_figures(work, plan, (sizes[0], sizes[1]), 10 * sizes[1], cap_growth,
+                                                       time_left())
+                except Exception as e:
+                    failed["growth"] = f"{type(e).__name__}: {e}"
+        progress(f"one-off runs done at {time.perf_counter() - t_start:.0f}s")
 
     # rounds: every task gets its mandatory pairs; optional ones only while the budget is expected to last
+    first_round = True
     while True:
         ran = False
         for t in tasks:
@@ -610,9 +888,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 t.run_pair()
                 ran = True
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 t.error = f"{type(e).__name__}: {e}"
                 progress(f"{t.name}: FAILED: {t.error}")
+        if first_round:
+            first_round = False
+            one_offs()
         if not ran:
             break
 
@@ -625,9 +906,11 @@ def main(argv: list[str] | None = None) -> int:
             figures["launch"] = launch_figures(t, dry_run)
         elif t.name == "sweep":
             figures["sweep"] = sweep_figures(t)
-        else:
+        elif t.name == "submit":
+            figures["submit"] = submit_figures(t, args.submit_points, cap_pair)
+        elif "plan" in only:
             figures["plan"] = plan_figures(t, (sizes[0], sizes[1]))
-        if t.error:  # some pairs ran before one failed: report those, and say so
+        if t.error and t.name in figures:  # some pairs ran before one failed: report those, and say so
             figures[t.name][0].note = f"{len(t.pairs)} pairs, then FAILED: {t.error.splitlines()[0]}"
             print(f"# {t.name} failed after {len(t.pairs)} pairs:\n{t.error}", file=sys.stderr)
     if "plan" in only and slurm_missing:
@@ -635,25 +918,32 @@ def main(argv: list[str] | None = None) -> int:
                                   note="unavailable: automodel_hydra/backends/slurm.py does not exist yet"),
                            Figure("array_plan_s_per_job", None)]
     for name, err in failed.items():
+        if name == "plan" and "plan" not in only:
+            continue
         figures[name] = [Figure(RATIO_OF[name], None, note=f"FAILED: {err.splitlines()[0]}")]
         print(f"# {name} failed:\n{err}", file=sys.stderr)
 
-    ordered = [f for k in ("launch", "sweep", "plan", "ckpt") for f in figures.get(k, [])]
+    ordered = [f for k in ORDER for f in figures.get(k, [])]
     total = time.perf_counter() - t_start
     for f in ordered:
-        print(f"{f.name}={fmt(f.value, 4)}")
-    if "plan" in only:
-        print(f"array_plan_sizes={sizes[0]}->{sizes[1]}")
+        print(figure_line(f))
+    if "plan" in only or "growth" in only:
+        print(f"array_plan_sizes={sizes[0]}->{sizes[1]}" + (f"->{10 * sizes[1]}" if "growth" in only else ""))
+    if ours_extra:
+        print(f"# our side of the submit figures ran with: {' '.join(ours_extra)}")
     print(f"# {total:.0f}s in all; load avg {load0:.1f} -> {os.getloadavg()[0]:.1f} (1-min, {os.cpu_count()} CPUs)\n")
     print(table(ordered))
     print()
     print(NOTES)
     missed = [f.name for f in ordered if f.goal is not None and f.status != "ok"]
-    measured = "all four ratios" if {"launch", "sweep", "plan", "ckpt"} <= only else "the ratios measured"
-    print(f"\n# {measured + ' within goal' if not missed else 'not within goal or unavailable: ' + ', '.join(missed)}")
+    verdict = "the measured figures meet their goals"
+    if missed:
+        verdict = "not within goal or unavailable: " + ", ".join(missed)
+    print(f"\n# {verdict}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "quick": q, "total_s": total, "load_avg": [load0, os.getloadavg()[0]], "plan_sizes": sizes,
+            "ours_args": ours_extra,
             "figures": {f.name: dataclasses.asdict(f) | {"goal": f.goal, "status": f.status} for f in ordered},
             "pairs": {t.name: [[dataclasses.asdict(r) | {"log": str(r.log), "argv": None} for r in p] for p in t.pairs]
                       for t in tasks},
@@ -663,6 +953,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if (args.strict and missed) else 0
+
+
+def figure_line(f: Figure) -> str:
+    """``name=value``, then (for a figure with a goal) the goal and whether it is met; ``>=`` marks a lower bound
+    (a run cut off at its cap), ``~`` an estimate (a run not made)."""
+    line = f"{f.name}={fmt(f.value, 4)}"
+    if f.goal is None:
+        return line
+    kind = {">=": " (a lower bound)", "~": " (an estimate: not run)"}.get(f.bound, "")
+    return f"{line:40s} # goal <= {f.goal:g}: {f.status}{kind}"
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def resolved(cfg: DictConfig) -> dict[str, tp.Any]:
         path = node[0].lstrip(".")
         try:
             out[path] = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, path)}), resolve=True)
-        except Exception as e:
+        except Exception as e:  # (the same failure on both sides is what is compared)
             out[path] = type(e).__name__
     return out
 

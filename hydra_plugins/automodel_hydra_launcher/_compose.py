@@ -5,17 +5,17 @@ with each job's plain value overrides applied.
 list, loads and merges every config file and schema, then applies the command line's value overrides. In a sweep
 such as ``seed=range(0,1000) optim.lr=1e-4,3e-4`` every job has the same defaults list; only the values differ.
 :class:`SweepComposer` composes one *base* config per distinct set of the jobs' other overrides (config group
-choices such as ``launcher=slurm``, ``hydra.*`` overrides, anything it is not sure of) with Hydra itself, and makes
-each job's config as an exact copy of its base (a pickle round trip) with the job's value overrides applied the way
-Hydra applies them after composing (``OmegaConf.update(..., merge=True)`` for ``key=v``, ``force_add`` for
-``+``/``++``, deletion for ``~``; override grammar: https://hydra.cc/docs/advanced/override_grammar/basic/). The
-``hydra.*`` bookkeeping that depends on the job's own overrides is then set as Hydra sets it:
-``hydra.overrides.task`` (the job's non-hydra overrides in command-line order) and ``hydra.job.override_dirname``
-(those overrides minus ``hydra.job.config.override_dirname.exclude_keys``, sorted, joined with its
-``item_sep``/``kv_sep``: Hydra's "Customizing working directory based on the overrides",
-https://hydra.cc/docs/configure_hydra/workdir/). The rest of ``hydra.*`` (``runtime.choices``,
-``runtime.config_sources``, ``job.name``, ...) comes from the config-group choices alone, which the base shares with
-the job.
+choices such as ``launcher=slurm``, ``hydra.*`` overrides, anything it is not sure of) with Hydra itself, and
+makes each job's config as an exact copy of its base (a pickle round trip) with the job's value overrides
+applied the way Hydra applies them after composing (``OmegaConf.update(..., merge=True)`` for ``key=v``,
+``force_add`` for ``+``/``++``, deletion for ``~``; override grammar:
+https://hydra.cc/docs/advanced/override_grammar/basic/). The ``hydra.*``
+bookkeeping that depends on the job's own overrides is then set as Hydra sets it: ``hydra.overrides.task`` (the
+job's non-hydra overrides in command-line order) and ``hydra.job.override_dirname`` (those overrides minus
+``hydra.job.config.override_dirname.exclude_keys``, sorted, joined with its ``item_sep``/``kv_sep``: Hydra's
+"Customizing working directory based on the overrides", https://hydra.cc/docs/configure_hydra/workdir/). The
+rest of ``hydra.*`` (``runtime.choices``, ``runtime.config_sources``, ``job.name``, ...) comes from the
+config-group choices alone, which the base shares with the job.
 
 An override is a *value override* only when Hydra itself applies it after composing (it is not a config group
 override: no config source has a group of that name, as Hydra's defaults list decides), and when this module is
@@ -85,7 +85,7 @@ class SweepComposer:
         Raises exactly what ``load_sweep_config`` raises for these overrides (it is called for them)."""
         try:
             parsed = [self._parse(o) for o in overrides]
-        except Exception:
+        except Exception:  # (Hydra's compose raises its own parse error)
             return self._fallback(overrides)
         values = [o for o in parsed if self._value(o)]
         others = [o for o in parsed if not self._value(o)]
@@ -101,7 +101,7 @@ class SweepComposer:
             task = [o for o in self._master_overrides + parsed if not o.is_hydra_override()]
             cfg.hydra.overrides.task = [str(o.input_line) for o in task]
             cfg.hydra.job.override_dirname = _override_dirname(task, base.exclude_keys, base.item_sep, base.kv_sep)
-        except Exception:
+        except Exception:  # (Hydra's own compose then raises its own error, or succeeds)
             return self._fallback(overrides)
         OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
         self.copied += 1
@@ -153,7 +153,7 @@ class SweepComposer:
         try:
             self.composed += 1
             base: DictConfig | None = self.loader.load_sweep_config(self.master, list(others))
-        except Exception:
+        except Exception:  # (each job then gets Hydra's own compose and its error)
             base = None
         if base is not None and not self._usable(base):
             base = None
