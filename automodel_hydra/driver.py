@@ -27,8 +27,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from automodel_hydra import backends, config, profile, yaml11
-from automodel_hydra.plan import (MANIFEST_FILE, Backend, JobFailedError, JobResult, JobSpec, Plan, PreflightError,
-                                  Submission, render_files, write_record)
+from automodel_hydra.plan import (
+    MANIFEST_FILE,
+    Backend,
+    JobFailedError,
+    JobResult,
+    JobSpec,
+    Plan,
+    PreflightError,
+    Submission,
+    render_files,
+    write_record,
+)
 from automodel_hydra.schema import ConfigError
 from automodel_hydra.states import JobState
 
@@ -198,7 +208,7 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
         try:
             (info,) = impls[name].states([o.sub.ref])
             state = info.state
-        except Exception:  # noqa: BLE001  (the summary must not fail)
+        except Exception:
             state = JobState.UNKNOWN
         (stopped if name == "interactive" or state.final else running).append(o)
     parts = []
@@ -283,7 +293,7 @@ def refuse_if_busy(job: JobSpec) -> None:
     impl = backends.get(record["backend"])
     try:
         (info,) = impl.states([impl.ref_from_record(record)])
-    except Exception:  # noqa: BLE001  (a scheduler that cannot be asked does not block a new run)
+    except Exception:
         return
     if info.state in (JobState.PENDING, JobState.RUNNING):
         raise PreflightError(f"{job.job_dir} holds {record['backend']} job {','.join(record.get('job_ids') or [])}, "
