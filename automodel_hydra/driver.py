@@ -247,8 +247,6 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
         if here and name not in seen and "${" not in name:
             seen.add(name)
             automodel_files.check_model_fetchable(name)
-    _wait(outcomes, impls)
-    return outcomes
 
 
 # ----------------------------------------------------------------------------------------------- no shared state
@@ -268,11 +266,11 @@ def checkpoint_path(p: Prepared) -> Path:
 
 
 def own_checkpoint_dirs(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> list[Prepared]:
-    """``jobs`` with every sweep job (of the bundled recipe) that would share its checkpoint dir with another job of the sweep (in this
-    launch, or one an earlier launch of the same sweep recorded in ``launch/manifest.json``) moved to a subdir of
-    it named like the job's own sweep subdir (``checkpoint.dir=/ckpt`` -> ``/ckpt/0``, ``/ckpt/1``, ...), so that no
-    job resumes from another's checkpoint. Logs one line per shared dir. Single runs and jobs whose checkpoint dir is
-    their own (inside the job dir, or distinct) are returned unchanged."""
+    """``jobs`` with every sweep job of the bundled recipe that would share its checkpoint dir with another job of
+    the sweep (in this launch, or one an earlier launch of the same sweep recorded in ``launch/manifest.json``)
+    moved to a subdir of it named like the job's own sweep subdir (``checkpoint.dir=/ckpt`` -> ``/ckpt/0``,
+    ``/ckpt/1``, ...), so that no job resumes from another's checkpoint. Logs one line per shared dir. Single runs
+    and jobs whose checkpoint dir is their own (inside the job dir, or distinct) are returned unchanged."""
     sweep = [p for p in jobs if p.job.job_num is not None and p.cfg.bundled and p.cfg.checkpoint.dir]
     if not sweep:
         return list(jobs)
@@ -338,8 +336,8 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
 
 def refuse_finished_resume(p: Prepared) -> None:
     """Refuse a job of the bundled recipe that would resume from a checkpoint past its ``step_scheduler.max_steps``:
-    it would train nothing and report no loss. Checked where the ranks see this machine's files (torchrun here, Slurm without a
-    container). Raises ConfigError naming the key, the checkpoint's step and path, and the fix."""
+    it would train nothing and report no loss. Checked where the ranks see this machine's files (torchrun here,
+    Slurm without a container). Raises ConfigError naming the key, the checkpoint's step and path, and the fix."""
     here = p.cfg.skypilot is None and (p.cfg.slurm is None or p.cfg.slurm.container_image is None)
     if not p.cfg.bundled or not here:
         return
