@@ -263,8 +263,10 @@ def test_each_sweep_jobs_log_starts_with_its_own_launch_line(features: dict[str,
 
 @pytest.mark.slow
 def test_job_callbacks_see_a_jobs_failure(tmp_path: Path) -> None:
-    ends = tmp_path / "ends"
-    proc = train("-m", "model.name_or_path=/nonexistent/automodel-model", *ONE, *TINY,
+    """The job passes every check before it starts and fails in its rank (its data file is not JSON lines)."""
+    ends, data = tmp_path / "ends", tmp_path / "data.jsonl"
+    data.write_text("not json\n")
+    proc = train("-m", "data.source=jsonl", f"data.path={data}", *ONE, *TINY,
                  f"+hydra.callbacks.record._target_={CALLBACK}", f"+hydra.callbacks.record.path={ends}",
                  f"+hydra.callbacks.log_return._target_={LOG_RETURN}", f"hydra.sweep.dir={tmp_path / 'S'}",
                  cwd=tmp_path)
