@@ -9,12 +9,13 @@ import hydra
 from omegaconf import DictConfig
 
 from automodel_hydra import argv, config
-from automodel_hydra.driver import launchable, run
+from automodel_hydra.driver import launchable, refuse_unselected_sections, run
 
 config.register()  # the typed schema the recipe's config starts from (llm_finetune_schema)
+CONFIG_PATH, CONFIG_NAME = "conf", "llm_finetune"
 
 
-@hydra.main(version_base=None, config_path="conf", config_name="llm_finetune")
+@hydra.main(version_base=None, config_path=CONFIG_PATH, config_name=CONFIG_NAME)
 @launchable
 def main(cfg: DictConfig) -> object:
     return run(cfg)
@@ -22,4 +23,5 @@ def main(cfg: DictConfig) -> object:
 
 if __name__ == "__main__":
     sys.argv[1:] = argv.for_user_config(sys.argv[1:])
+    refuse_unselected_sections(__file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` without launcher=slurm: one line
     main()

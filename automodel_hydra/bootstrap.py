@@ -13,6 +13,9 @@ skypilot     node_rank*nproc+local   LOCAL_RANK or 0    nodes*nproc            f
 single       0                       0                  1                      127.0.0.1
 ============ ======================= ================== ====================== ===================================
 
+and ``submitit_local`` (submitit's local executor, ``hydra/launcher=submitit_local``: one node, 127.0.0.1):
+``SUBMITIT_LOCAL_GLOBALID``, ``SUBMITIT_LOCAL_LOCALID``, ``SUBMITIT_LOCAL_NTASKS``.
+
 Slurm does not give every task every variable: which ones a task gets depends on the options of the job
 (``SLURM_NTASKS`` only with ``--ntasks``, ``SLURM_NTASKS_PER_NODE`` only with ``--ntasks-per-node``), the Slurm
 version and the container runtime. :func:`complete_slurm_environ` fills each missing one from the variables that
@@ -315,6 +318,12 @@ ENV_MAPS: dict[str, EnvMap] = {
     "skypilot": EnvMap(
         detect="SKYPILOT_NODE_RANK", rank=None, local_rank="LOCAL_RANK", world_size=None, node_ips="SKYPILOT_NODE_IPS",
         node_rank="SKYPILOT_NODE_RANK", num_nodes="SKYPILOT_NUM_NODES", nproc_per_node="AUTOMODEL_NPROC_PER_NODE",
+    ),
+    # submitit's LocalExecutor (hydra/launcher=submitit_local): its JobEnvironment's names (submitit/local/local.py)
+    "submitit_local": EnvMap(
+        detect="SUBMITIT_LOCAL_GLOBALID", rank="SUBMITIT_LOCAL_GLOBALID", local_rank="SUBMITIT_LOCAL_LOCALID",
+        world_size="SUBMITIT_LOCAL_NTASKS", node_rank="SUBMITIT_LOCAL_NODEID", num_nodes="SUBMITIT_LOCAL_JOB_NUM_NODES",
+        job_id="SUBMITIT_LOCAL_JOB_ID",
     ),
 }
 

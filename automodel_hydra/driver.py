@@ -18,6 +18,8 @@ import copy
 import dataclasses
 import json
 import logging
+import os
+import re
 import sys
 import typing as tp
 from pathlib import Path
@@ -127,8 +129,12 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
 
     Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
-    its dir not held by an unfinished job) before any file is written or anything submitted; a dry run stops
-    after writing. Raises ConfigError / PreflightError (one line) for what can be fixed before submitting."""
+    its dir not held by an unfinished job, the checkpoint it resumes from not past its last step) before any file
+    is written or anything submitted; a dry run stops after writing. Sweep jobs that would share one checkpoint
+    dir get a subdir each (:func:`own_checkpoint_dirs`). Raises ConfigError / PreflightError (one line) for what
+    can be fixed before submitting."""
+    requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
+    jobs = own_checkpoint_dirs(jobs, sweep_dir)
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
@@ -146,6 +152,7 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
         impl.check([plans[i] for i in idx])
     for p in jobs:
         refuse_if_busy(p.job)
+        refuse_finished_resume(p)
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
                                            p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
         if warning:
@@ -181,7 +188,9 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     for o in outcomes:
         o.sub = subs[o.prepared.job.job_dir]
     if sweep_dir is not None:
-        write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None])
+        write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None],
+                       {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
+                                             "checkpoint_dir_requested": requested[p.job.job_dir]} for p in jobs})
     try:
         _wait(outcomes, impls)
     except KeyboardInterrupt:
@@ -250,6 +259,107 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
             automodel_files.check_model_fetchable(name)
 
 
+# ----------------------------------------------------------------------------------------------- no shared state
+
+#: A checkpoint step dir (``automodel_hydra.checkpoint.step_dir_name``).
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def checkpoint_path(p: Prepared) -> Path:
+    """Where the job's ranks checkpoint, as an absolute path on this machine: ``checkpoint.dir`` (a relative one
+    is relative to where the ranks start: the job dir under ``hydra.job.chdir=true``, else this dir), or
+    ``<job dir>/checkpoints``."""
+    path = Path(p.cfg.checkpoint_dir)
+    if not path.is_absolute():
+        path = (p.job.workdir or Path.cwd()) / path
+    return Path(os.path.normpath(path))
+
+
+def own_checkpoint_dirs(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> list[Prepared]:
+    """``jobs`` with every sweep job of the bundled recipe that would share its checkpoint dir with another job of
+    the sweep (in this launch, or one an earlier launch of the same sweep recorded in ``launch/manifest.json``)
+    moved to a subdir of it named like the job's own sweep subdir (``checkpoint.dir=/ckpt`` -> ``/ckpt/0``,
+    ``/ckpt/1``, ...), so that no job resumes from another's checkpoint. Logs one line per shared dir. Single runs
+    and jobs whose checkpoint dir is their own (inside the job dir, or distinct) are returned unchanged."""
+    sweep = [p for p in jobs if p.job.job_num is not None and p.cfg.bundled and p.cfg.checkpoint.dir]
+    if not sweep:
+        return list(jobs)
+    earlier: dict[str, str] = {}  # requested checkpoint dir -> the job dir of an earlier launch that asked for it
+    if sweep_dir is not None:
+        try:
+            records = json.loads((Path(sweep_dir) / "launch" / MANIFEST_FILE).read_text())["jobs"]
+            earlier = {r["checkpoint_dir_requested"]: r["job_dir"] for r in records if "checkpoint_dir_requested" in r}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    users: dict[Path, list[Prepared]] = {}
+    for p in sweep:
+        path = checkpoint_path(p)
+        if p.job.job_dir not in (path, *path.parents):
+            users.setdefault(path, []).append(p)
+    moved: dict[Path, Prepared] = {}
+    for path, group in users.items():
+        others = earlier.get(str(path))
+        if len(group) < 2 and (others is None or others == str(group[0].job.job_dir)):
+            continue
+        for p in group:
+            sub = _sweep_subdir(p.job, sweep_dir)
+            new = str(Path(tp.cast(str, p.cfg.checkpoint.dir)) / sub)
+            moved[p.job.job_dir] = dataclasses.replace(
+                p, cfg=dataclasses.replace(p.cfg, checkpoint=dataclasses.replace(p.cfg.checkpoint, dir=new)))
+        log.info(f"sweep jobs {', '.join(str(p.job.job_num) for p in group)} would share checkpoint.dir={path}: "
+                 f"each checkpoints in its own subdir instead ({path}/<sweep subdir>, e.g. "
+                 f"{checkpoint_path(moved[group[0].job.job_dir])})")
+    return [moved.get(p.job.job_dir, p) for p in jobs]
+
+
+def _sweep_subdir(job: JobSpec, sweep_dir: Path | None) -> str:
+    """The job's dir relative to the sweep dir (Hydra's ``hydra.sweep.subdir``), else its job number."""
+    if sweep_dir is not None:
+        try:
+            return str(job.job_dir.relative_to(Path(sweep_dir).resolve()))
+        except ValueError:
+            pass
+    return str(job.job_num)
+
+
+def resume_step(p: Prepared) -> tuple[int, Path] | None:
+    """The step and path of the checkpoint the job's ranks will resume from (``restore_from.path``: ``latest`` =
+    the newest complete one in its checkpoint dir), read from the step dir's name (``step-N``); None for a fresh
+    start or a checkpoint whose step the name does not give."""
+    cfg = p.cfg
+    if not cfg.checkpoint.enabled or cfg.restore_from.path is None:
+        return None
+    if cfg.restore_from.path == "latest":
+        ckpt_dir = checkpoint_path(p)
+        if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+            return None
+        from automodel_hydra.checkpoint import find_latest  # imports torch: only when there is something to find
+
+        target = find_latest(ckpt_dir)
+    else:
+        target = Path(cfg.restore_from.path)
+        if not target.is_absolute():
+            target = (p.job.workdir or Path.cwd()) / target
+    m = _STEP_DIR.fullmatch(target.name) if target is not None else None
+    return (int(m.group(1)), tp.cast(Path, target)) if m else None
+
+
+def refuse_finished_resume(p: Prepared) -> None:
+    """Refuse a job of the bundled recipe that would resume from a checkpoint past its ``step_scheduler.max_steps``:
+    it would train nothing and report no loss. Checked where the ranks see this machine's files (torchrun here,
+    Slurm without a container). Raises ConfigError naming the key, the checkpoint's step and path, and the fix."""
+    here = p.cfg.skypilot is None and (p.cfg.slurm is None or p.cfg.slurm.container_image is None)
+    if not p.cfg.bundled or not here:
+        return
+    found = resume_step(p)
+    max_steps = p.cfg.step_scheduler.max_steps
+    if found is not None and found[0] > max_steps:
+        step, path = found
+        raise ConfigError("step_scheduler.max_steps", max_steps,
+                          f"the job would resume from step {step} ({path}), past step_scheduler.max_steps: set it "
+                          f"above {step} to train on, or start afresh in another run dir or checkpoint.dir")
+
+
 def _announce(sub: Submission[tp.Any]) -> None:
     """Print where a submitted job is, and put the same line at the top of that job's own log."""
     if not sub.ids:
@@ -301,9 +411,11 @@ def refuse_if_busy(job: JobSpec) -> None:
                            f"{job.job_dir}), or choose another hydra.run.dir")
 
 
-def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]]) -> Path:
-    """``launch/manifest.json`` in the sweep dir: one record per job, merged with the records already there (a
-    sweeper may launch a sweep in several batches), for ``automodel-hydra status|logs|cancel|report``."""
+def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
+                   extra: tp.Mapping[str, tp.Mapping[str, tp.Any]] | None = None) -> Path:
+    """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
+    records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
+    ``automodel-hydra status|logs|cancel|report``."""
     path = Path(sweep_dir) / "launch" / MANIFEST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, dict[str, tp.Any]] = {}
@@ -312,7 +424,8 @@ def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]]) -> Pa
             jobs = {r["job_dir"]: r for r in json.loads(path.read_text())["jobs"]}
         except (ValueError, KeyError):
             jobs = {}
-    jobs.update({str(s.plan.job.job_dir): s.record() for s in subs})
+    jobs.update({str(s.plan.job.job_dir): {**s.record(), **(extra or {}).get(str(s.plan.job.job_dir), {})}
+                 for s in subs})
     path.write_text(json.dumps({"jobs": list(jobs.values())}, indent=2) + "\n")
     return path
 
@@ -322,9 +435,14 @@ def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]]) -> Pa
 
 def run(cfg: DictConfig) -> tp.Any:
     """``python train.py``: prepare this job and launch it; print it (dry run), or submit it and wait when asked.
+    In a task that another launcher started as one rank of a job (:func:`launched_rank`: ``hydra/launcher=
+    submitit_slurm``, ``srun -n N python train.py``), run the recipe as that rank instead (:func:`run_as_rank`).
 
     Returns the final training loss when the job was waited for, else None. A bad value exits with one line
     naming the key (status 2) before anything is written or started; a job that fails exits with status 1."""
+    launched_by = launched_rank()
+    if launched_by is not None:
+        return run_as_rank(cfg, launched_by)
     try:
         prepared = prepare(cfg, sweep=False)
         print(f"run dir: {prepared.job.job_dir}", flush=True)
@@ -364,3 +482,143 @@ def fail(message: str) -> tp.NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
+
+
+# ----------------------------------------------------------------------------------------------- ranks of others' jobs
+
+
+def launched_rank(environ: tp.Mapping[str, str] | None = None) -> str | None:
+    """Whether this process is one rank of a job another launcher started, and which launcher; None otherwise.
+
+    * a submitit task (``hydra/launcher=submitit_slurm`` or ``submitit_local``): ``SUBMITIT_EXECUTOR`` is set
+      (submitit's job script and local controller export it) together with the task's rank (``SLURM_PROCID``,
+      ``SUBMITIT_LOCAL_GLOBALID``) — every task is a rank, whatever the task count;
+    * a task of a multi-task ``srun`` step: ``SLURM_PROCID`` with ``SLURM_STEP_NUM_TASKS`` > 1 (srun(1), OUTPUT
+      ENVIRONMENT VARIABLES). A batch script (``sbatch``) or a 1-task step plans a job as anywhere else.
+
+    Our own backends never come here: their ranks run :mod:`automodel_hydra.worker`, not the task function."""
+    env = os.environ if environ is None else environ
+    executor = env.get("SUBMITIT_EXECUTOR", "")
+    if executor and ("SLURM_PROCID" in env or "SUBMITIT_LOCAL_GLOBALID" in env):
+        return f"submitit ({executor})"
+    try:
+        step_tasks = int(env.get("SLURM_STEP_NUM_TASKS") or 1)
+    except ValueError:
+        step_tasks = 1
+    if "SLURM_PROCID" in env and step_tasks > 1:
+        return "srun"
+    return None
+
+
+def run_as_rank(cfg: DictConfig, launched_by: str) -> tp.Any:
+    """Run the recipe as this task's rank of a job ``launched_by`` started (the ranks find each other through
+    :mod:`automodel_hydra.bootstrap`, from the launcher's variables). Writes ``launch/job.yaml`` (every rank the
+    same, atomically) and runs the worker's code path on it (:func:`automodel_hydra.worker.run`); rank 0 writes
+    ``result.json``. Returns the final loss. The job's launcher sections (``slurm:``, ``skypilot:``) are not used:
+    the launcher that started the tasks decided where and how many.
+
+    Exits with one line (status 2) on a bad value, or when ``srun`` tasks would write to different run dirs."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from automodel_hydra import worker
+
+    hc = HydraConfig.get()
+    try:
+        prepared = prepare(cfg, sweep=hc.mode == RunMode.MULTIRUN)
+        if launched_by == "srun" and hc.mode != RunMode.MULTIRUN and not any(
+                str(o).startswith("hydra.run.dir=") for o in hc.overrides.hydra):
+            raise ConfigError("hydra.run.dir", hc.run.dir, "srun started this command once per task, and each task "
+                              "is one rank of one job, so they must share a run dir: give hydra.run.dir=DIR")
+        refuse_finished_resume(prepared)
+    except USER_ERRORS as e:
+        fail(one_line(e))
+    job = prepared.job
+    if prepared.cfg.backend != "interactive":
+        log.warning(f"{prepared.cfg.backend}: section not used: {launched_by} started this job; its own options "
+                    "(hydra.launcher.*) say where and how many ranks run")
+    job.launch_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job.launch_dir / f".job.yaml.{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(config.rank_spec(prepared.cfg), sort_keys=False))
+    os.replace(tmp, job.job_file)
+    if prepared.dry_run:
+        print(f"dry run: wrote {job.job_file}; {launched_by} started this task as a rank, nothing was run", flush=True)
+        return None
+    result = worker.run(job.job_file, str(job.log_file))
+    return result.get("loss")
+
+
+# ----------------------------------------------------------------------------------------------- launcher sections
+
+#: A launcher section and the ``launcher=`` choice that gives a job one.
+SECTIONS = {"slurm": "launcher=slurm", "skypilot": "launcher=skypilot"}
+
+
+def unselected_section_message(overrides: tp.Iterable[str], sections: tp.Iterable[str] = tuple(SECTIONS)) -> str | None:
+    """The one-line error for overrides that set a key of a launcher section the job does not have
+    (``slurm.nodes=4`` without ``launcher=slurm``), or None when no override does."""
+    wanted = tuple(sections)
+    for override in overrides:
+        key = str(override).lstrip("~+").split("=", 1)[0]
+        section = key.split(".", 1)[0]
+        if "." in key and section in wanted:
+            return (f"{override}: {key} is an option of {SECTIONS[section]}, and this job's launcher is another: "
+                    f"add {SECTIONS[section]} to the command line (or drop {key})")
+    return None
+
+
+def refuse_unselected_sections(app_file: str | Path, config_path: str, config_name: str,
+                               argv: tp.Sequence[str] | None = None) -> None:
+    """Before Hydra starts: exit with one line (status 2) when the command line sets a ``slurm.*`` or
+    ``skypilot.*`` key that the composed config has no section for — OmegaConf would otherwise stop Hydra's
+    composition with an ``AssertionError`` ("Unexpected type for root: NoneType"), naming neither key nor fix.
+
+    ``config_path`` (relative to ``app_file``) and ``config_name`` are the app's ``@hydra.main`` arguments;
+    ``-cp/-cd/-cn`` on the command line win, as in Hydra. Costs nothing unless such a key is set without its
+    ``launcher=`` choice; then it composes the config once (without those keys) to see whether the section is
+    there (a config file or a sweep bundle may give it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    flags = {"-cp": "path", "--config-path": "path", "-cd": "dir", "--config-dir": "dir", "-cn": "name",
+             "--config-name": "name", "-c": None, "--cfg": None, "-p": None, "--package": None,
+             "--experimental-rerun": None, "-sc": None, "--shell-completion": None}
+    where: dict[str, str] = {}
+    overrides: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if arg.startswith("-") and name in flags:
+            if not eq:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            if flags[name]:
+                where[tp.cast(str, flags[name])] = value
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+        i += 1
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:
+        return
+    chosen = {str(o.value()) for o in parsed if o.key_or_group == "launcher" and not o.is_sweep_override()}
+    suspects = [o for o in parsed if "." in o.key_or_group and o.key_or_group.split(".")[0] in SECTIONS
+                and o.key_or_group.split(".")[0] not in chosen]
+    if not suspects:
+        return
+    from hydra import compose, initialize_config_dir
+
+    base = Path(app_file).resolve().parent / where.get("path", config_path)
+    rest = [o.input_line for o in parsed if o not in suspects and not o.is_sweep_override()]
+    if "dir" in where:
+        rest.append(f"hydra.searchpath=[file://{Path(where['dir']).resolve()}]")
+    try:
+        with initialize_config_dir(config_dir=str(base.resolve()), version_base=None):
+            composed = compose(where.get("name", config_name), overrides=tp.cast(tp.List[str], rest))
+    except Exception:
+        return
+    missing = {o.key_or_group.split(".")[0] for o in suspects if composed.get(o.key_or_group.split(".")[0]) is None}
+    message = unselected_section_message([o.input_line or "" for o in suspects], missing)
+    if message is not None:
+        fail(message)

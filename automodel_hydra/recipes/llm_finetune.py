@@ -31,6 +31,7 @@ from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, Model
 from automodel_hydra.config import NsysConfig, OptimConfig, TrainConfig
 from automodel_hydra.data import IGNORE, StepSampler, Tokenizer, build_data, load_tokenizer
 from automodel_hydra.metrics import MetricsLogger
+from automodel_hydra.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +224,8 @@ def train(cfg: TrainConfig, env: RankEnv, should_stop: tp.Callable[[], bool] = l
                                      async_save=cfg.checkpoint.async_save, keep_latest_k=cfg.checkpoint.keep_latest_k)
     state = {MODEL_AND_OPTIM: ModelOptimState(model, optimizer)}
     start = checkpointer.load(state, cfg.restore_from.path)
+    if start > sched.max_steps:  # the driver refuses this before starting; here for ranks it could not check
+        raise ConfigError("step_scheduler.max_steps", sched.max_steps, f"the job resumed from step {start}, past it")
     metrics = MetricsLogger(cfg.output_dir, sched.max_steps, rank=env.rank, world_size=env.world_size,
                             start_step=start)
     profiler = NsysSteps(cfg.profile.nsys)

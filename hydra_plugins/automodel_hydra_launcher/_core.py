@@ -6,16 +6,23 @@ running.
 2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
    config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
    function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
-   calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing).
-3. If any job failed to prepare (a bad value), stop before anything is submitted.
+   calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing). The job's launch
+   line (``#N : overrides``) goes to the console and to that job's own log, never to another job's.
+3. If any job failed to prepare (a bad value), stop before anything is submitted, with one line naming the key.
 4. ``driver.launch`` plans, writes, submits and waits for all jobs together; each job's real result (its final
    loss, or its failure) goes into its ``JobReturn`` through Hydra's public setters, and only then do the
-   ``on_job_end`` callbacks see it.
+   ``on_job_end`` callbacks see it — with that job's Hydra config, log and (``hydra.job.chdir``) working dir in
+   place, as ``run_job`` gives them.
+
+A sweeper may call ``launch`` several times for one sweep (``hydra.sweeper.max_batch_size``); each call adds its
+jobs to the sweep's ``launch/manifest.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import typing as tp
 from pathlib import Path
 
@@ -75,9 +82,16 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     returns: list[JobReturn] = []
     configs: list[DictConfig] = []
+    console = lambda: configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # noqa: E731
     composed = iter_sweep_configs(context.config_loader, config, job_overrides)  # one Hydra compose per group
-    for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, composed), start=initial_job_idx):
-        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+        try:
+            sweep_config = next(composed)
+        except AssertionError:  # OmegaConf's answer to `slurm.nodes=4` when the job has no slurm: section
+            message = driver.unselected_section_message(overrides)
+            if message is None:
+                raise
+            driver.fail(message)
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
@@ -85,8 +99,10 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         returns.append(run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
                                job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
         configs.append(sweep_config)
+        # run_job left this job's logging in place: its launch line goes to the console and to its own log only
+        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+        console()
         Singleton.set_state(state)
-    configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # launch lines go to the console, not a job log
     try:
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
@@ -103,5 +119,23 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         except JobFailedError as e:
             ret.status = JobStatus.FAILED
             ret.return_value = e
-        context.callbacks.on_job_end(config=sweep_config, job_return=ret)
+        with _job_context(sweep_config, ret):
+            context.callbacks.on_job_end(config=sweep_config, job_return=ret)
+        console()
     return returns
+
+
+@contextlib.contextmanager
+def _job_context(sweep_config: DictConfig, ret: JobReturn) -> tp.Iterator[None]:
+    """What ``run_job`` has in place when it calls ``on_job_end``: the job's Hydra config, its logging (console and
+    the job's own log) and, under ``hydra.job.chdir``, its output dir as working dir."""
+    saved, cwd = HydraConfig.instance().cfg, os.getcwd()
+    HydraConfig.instance().set_config(sweep_config)
+    configure_log(sweep_config.hydra.job_logging, sweep_config.hydra.verbose)
+    try:
+        if sweep_config.hydra.job.chdir and ret.working_dir:
+            os.chdir(ret.working_dir)
+        yield
+    finally:
+        os.chdir(cwd)
+        HydraConfig.instance().cfg = saved
