@@ -45,3 +45,12 @@ def train_py(*args: str, env: tp.Mapping[str, str] | None = None, timeout: float
 def metrics(run_dir: Path) -> list[dict[str, tp.Any]]:
     """The rows of ``run_dir/metrics.jsonl``."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def broken_model_dir(parent: Path) -> Path:
+    """A model dir that passes the plan-time check (it has a ``config.json``) but that no rank can load: a job
+    with it fails in its ranks, the way a corrupt or incompatible checkpoint does."""
+    path = Path(parent) / "broken-model"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    return path

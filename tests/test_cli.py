@@ -24,7 +24,7 @@ import yaml
 from automodel_hydra import cli
 from automodel_hydra.backends.interactive import free_port
 from automodel_hydra.states import JobState
-from tests.helpers import ROOT, train_py
+from tests.helpers import ROOT, broken_model_dir, train_py
 
 TINY = ["interactive.nproc_per_node=1", "step_scheduler.max_steps=4", "step_scheduler.log_interval=1",
         "checkpoint.enabled=false"]
@@ -57,9 +57,11 @@ def wait_for(check: tp.Callable[[], bool], timeout: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real local sweep of 4 tiny jobs: jobs 0 and 1 train; jobs 2 and 3 fail in their ranks (no such model)."""
+    """A real local sweep of 4 tiny jobs: jobs 0 and 1 train; jobs 2 and 3 fail in their ranks (a model no rank
+    can load)."""
     path = tmp_path_factory.mktemp("cli") / "S"
-    proc = train_py("-m", "model.name_or_path=null,/nonexistent/model-dir", "seed=1,2", *TINY, port_base(),
+    broken = broken_model_dir(path.parent)
+    proc = train_py("-m", f"model.name_or_path=null,{broken}", "seed=1,2", *TINY, port_base(),
                     f"hydra.sweep.dir={path}", check=False)
     assert proc.returncode != 0, "a sweep with failed jobs fails"
     assert "4 jobs submitted" in proc.stdout  # the progress lines (not a terminal here)
@@ -76,7 +78,7 @@ def test_status_shows_completed_and_failed_rows(sweep: Path) -> None:
     rows = [line for line in table.splitlines() if line.startswith("│")]
     assert len(rows) == 4
     assert [r.split()[-2] for r in rows] == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], table
-    assert "model.name_or_path=/nonexistent/model-dir seed=2" in rows[3]
+    assert "broken-model seed=2" in rows[3]
 
 
 @pytest.mark.slow
@@ -440,7 +442,7 @@ def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: t
 
     run, sweep = tmp_path / "R", tmp_path / "S"
     train_py(*SLURM, "step_scheduler.max_steps=100000", f"hydra.run.dir={run}")  # returns once submitted
-    proc = train_py("-m", *SLURM, "slurm.detach=true", "model.name_or_path=null,/nonexistent/model-dir",
+    proc = train_py("-m", *SLURM, "slurm.detach=true", f"model.name_or_path=null,{broken_model_dir(tmp_path)}",
                     "step_scheduler.max_steps=4", f"hydra.sweep.dir={sweep}")
     jobs = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
     rows = json.loads(cli_out("status", str(sweep), "--json"))

@@ -9,7 +9,7 @@ import pytest
 
 from automodel_hydra.backends.interactive import free_port, resolve_nproc
 from automodel_hydra.states import JobState
-from tests.helpers import metrics, train_py
+from tests.helpers import broken_model_dir, metrics, train_py
 
 
 @pytest.mark.slow
@@ -36,12 +36,12 @@ def test_two_ranks_train_then_resume_continues_from_newest_checkpoint(tmp_path) 
 
 @pytest.mark.slow
 def test_failing_rank_fails_the_command_and_shows_its_error(tmp_path) -> None:
-    proc = train_py(f"hydra.run.dir={tmp_path}", "model.name_or_path=/nonexistent/model-dir",
+    proc = train_py(f"hydra.run.dir={tmp_path / 'R'}", f"model.name_or_path={broken_model_dir(tmp_path)}",
                     "interactive.nproc_per_node=2", check=False)
     assert proc.returncode != 0
-    assert "/nonexistent/model-dir" in proc.stdout  # the rank's own error reaches the user
+    assert "no-such-architecture" in proc.stdout  # the rank's own error reaches the user
     assert "ended FAILED" in proc.stdout
-    assert not (tmp_path / "result.json").exists()
+    assert not (tmp_path / "R" / "result.json").exists()
 
 
 @pytest.mark.slow

@@ -58,7 +58,8 @@ def test_lr_seed_runs_locally_and_the_command_line_narrows_it(tmp_path: Path) ->
 @pytest.mark.slow
 def test_slurm_nodes_dry_run_plans_one_array_per_node_count(tmp_path: Path) -> None:
     sweep = tmp_path / "S"
-    out = train_py("-m", "sweep=slurm_nodes", "slurm.partition=debug", "dry_run=true", f"hydra.sweep.dir={sweep}").stdout
+    out = train_py("-m", "sweep=slurm_nodes", "slurm.partition=debug", "dry_run=true",
+                   f"hydra.sweep.dir={sweep}").stdout
     assert "nothing was submitted" in out
     scripts = sorted((sweep / "launch").glob("sbatch*.sh"))
     nodes = sorted(int(line.split("=")[1]) for s in scripts for line in s.read_text().splitlines()
