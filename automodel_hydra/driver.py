@@ -115,9 +115,12 @@ def prepare(cfg: DictConfig, sweep: bool = True) -> Prepared:
     """Validate one job's composed config (inside its Hydra job context). Raises ConfigError naming the key, or an
     OmegaConf error for an unknown key or wrong type; writes nothing."""
     job = job_spec_from_hydra(sweep)
-    cfg = copy.deepcopy(cfg)
-    for change in yaml11.restore_text(cfg, yaml11.config_files(), job.overrides):
-        log.info("read as text, not as YAML 1.1's implicit type: %s", change)
+    changes = yaml11.restorations(cfg, yaml11.config_files(), job.overrides)
+    if changes:  # put back the file's text, on a copy (Hydra's job config is not ours to edit)
+        cfg = copy.deepcopy(cfg)
+        for key, value, text in changes:
+            OmegaConf.update(cfg, key, text, force_add=True)
+            log.info("read as text, not as YAML 1.1's implicit type: %s: %r -> %r", key, value, text)
     train_cfg = config.load(cfg)
     return Prepared(train_cfg, job, bool(OmegaConf.select(cfg, "dry_run", default=False)))
 

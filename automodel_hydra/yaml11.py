@@ -3,7 +3,8 @@
 PyYAML (and so OmegaConf and Hydra) reads plain scalars by YAML 1.1's implicit-type rules: an unquoted
 ``time: 10:00:00`` is the base-60 integer 36000 (which sbatch would read as 25 days of minutes), ``partition: no``
 is the boolean False, ``account: 0755`` the octal integer 493 (yaml.org/type/int.html, /type/bool.html). A launcher
-field whose type is text never means any of those, so :func:`restore_text` puts back the text the file holds.
+field whose type is text never means any of those, so :func:`restorations` finds where the file's text must be put
+back (the driver puts it back).
 
 The file's text comes from PyYAML's public ``yaml.compose``, which keeps every scalar exactly as written. Only
 values that came from the file are restored: a key overridden on the command line keeps the override (Hydra's
@@ -13,6 +14,7 @@ override grammar has no base-60 or octal forms).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing as tp
 from pathlib import Path
 
@@ -47,9 +49,10 @@ def _text_fields(schema: type) -> set[str]:
     return {f.name for f in dataclasses.fields(schema) if hints[f.name] in (str, tp.Optional[str])}
 
 
-def restore_text(cfg: DictConfig, files: tp.Iterable[Path], overridden: tp.Collection[str]) -> list[str]:
-    """Put back the file's text in every text-typed launcher field that YAML 1.1 turned into a number or a boolean.
-    Returns ``"key: value -> 'text'"`` for each field restored (in place on ``cfg``)."""
+def restorations(cfg: DictConfig, files: tp.Iterable[Path],
+                 overridden: tp.Collection[str]) -> list[tuple[str, tp.Any, str]]:
+    """``(key, value, text)`` for every text-typed launcher field that YAML 1.1 turned into a number or a boolean:
+    the file's ``text`` should replace ``value``. Reads nothing of ``cfg`` but those fields; changes nothing."""
     from automodel_hydra.backends.interactive import InteractiveConfig
     from automodel_hydra.backends.skypilot import SkyPilotConfig
     from automodel_hydra.backends.slurm import SlurmConfig
@@ -57,13 +60,9 @@ def restore_text(cfg: DictConfig, files: tp.Iterable[Path], overridden: tp.Colle
     text_fields = {"slurm": _text_fields(SlurmConfig), "skypilot": _text_fields(SkyPilotConfig),
                    "interactive": _text_fields(InteractiveConfig)}
     overridden_keys = {o.split("=", 1)[0].lstrip("+~") for o in overridden}
-    restored = []
+    found = []
     for path in files:
-        try:
-            scalars = plain_scalars(Path(path).read_text())
-        except OSError:
-            continue
-        for key, text in scalars.items():
+        for key, text in _scalars(Path(path)).items():
             section, _, name = key.partition(".")
             if name not in text_fields.get(section, ()) or key in overridden_keys:
                 continue
@@ -72,9 +71,25 @@ def restore_text(cfg: DictConfig, files: tp.Iterable[Path], overridden: tp.Colle
                 continue
             value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
             if value == read or (isinstance(value, str) and value == str(read)):  # it came from the file
-                OmegaConf.update(cfg, key, text, force_add=True)
-                restored.append(f"{key}: {value!r} -> {text!r}")
-    return restored
+                found.append((key, value, text))
+    return found
+
+
+def _scalars(path: Path) -> dict[str, str]:
+    """:func:`plain_scalars` of a file, read once per file version (a sweep prepares every job from one file)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return _scalars_of(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _scalars_of(path: str, mtime_ns: int, size: int) -> dict[str, str]:
+    try:
+        return plain_scalars(Path(path).read_text())
+    except OSError:
+        return {}
 
 
 def config_files() -> list[Path]:
