@@ -162,6 +162,7 @@ def _snapshot(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_rejected_naming_the_field_and_nothing_is_lost(case: Case, results) -> None:
     run, proc = results[case.id]
@@ -186,6 +187,7 @@ def test_bad_input_is_rejected_naming_the_field_and_nothing_is_lost(case: Case, 
     assert not added, f"a rejected run wrote {sorted(added)}"
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_bare_variable_name_is_passed_literally(results) -> None:
     run, proc = results["slurm-HF_TOKEN-bare"]
     assert "export HF_TOKEN=HF_TOKEN" in (run / "launch" / "sbatch.sh").read_text()
@@ -193,6 +195,7 @@ def test_bare_variable_name_is_passed_literally(results) -> None:
     assert "HF_TOKEN: HF_TOKEN" in (run / "launch" / "sky_task.yaml").read_text()
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_automodel_style_config_routes_by_its_section(results) -> None:
     run, proc = results["automodel-slurm-only"]
     script = (run / "launch" / "sbatch.sh").read_text()
@@ -201,6 +204,7 @@ def test_automodel_style_config_routes_by_its_section(results) -> None:
     assert "checkpoint_interval: 5" in (run / "launch" / "job.yaml").read_text()  # ckpt_every_steps alias
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_automodel_style_config_submits_without_a_dry_run_key(tmp_path: Path) -> None:
     """A plain AutoModel config has no ``dry_run`` key; a real submission must not trip over it (fixed in
     driver.run). ``sbatch`` is a stand-in that records its argument and prints a job id."""

@@ -156,6 +156,7 @@ def test_unknown_key_in_plain_dict_is_rejected(tmp_path) -> None:
         config.load({"output_dir": str(tmp_path), "slurm": {"nodez": 2}})
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_automodel_style_config_file_routes_to_slurm_and_sweeps_as_one_array(tmp_path) -> None:
     from tests.helpers import train_py
 
@@ -174,6 +175,7 @@ def test_automodel_style_config_file_routes_to_slurm_and_sweeps_as_one_array(tmp
     assert (tmp_path / "sweep" / "launch" / "sbatch.sh").read_text().count("#SBATCH --array=0-1") == 1
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_yaml11_implicit_types_never_change_a_launcher_value(tmp_path) -> None:
     """An unquoted ``time: 10:00:00`` is ten hours (not YAML 1.1's base-60 36000, 25 days to sbatch); ``no`` is a
     partition name, not False; a command-line override still wins."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 
@@ -16,6 +17,7 @@ def test_discovery() -> None:
     assert AutomodelLauncher.__name__ in [x.__name__ for x in Plugins.instance().discover(Launcher)]
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_a_foreign_task_function_is_refused_naming_it_and_never_run_here(tmp_path: Path) -> None:
     """Under a launcher named Slurm, another task function must not silently run on the submitting machine."""
     app = tmp_path / "my_app.py"

@@ -51,6 +51,7 @@ def test_missing_nsys_is_a_clear_error_at_start(tmp_path) -> None:
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 @pytest.mark.parametrize("switch", ["profile=nsys", "slurm.nsys_enabled=true"])
 def test_slurm_plan_wraps_every_task(switch: str, tmp_path) -> None:
     train_py("launcher=slurm", switch, "dry_run=true", f"hydra.run.dir={tmp_path}", "slurm.ntasks_per_node=2")
@@ -59,6 +60,7 @@ def test_slurm_plan_wraps_every_task(switch: str, tmp_path) -> None:
     assert "%q{SLURM_PROCID}" in script and "%h" in script  # one report per task, named by node and rank
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_skypilot_plan_wraps_every_worker(tmp_path) -> None:
     train_py("launcher=skypilot", "profile=nsys", "dry_run=true", f"hydra.run.dir={tmp_path}",
              "skypilot.checkpoint_bucket=ckpts")

@@ -105,6 +105,7 @@ def run_sbatch_script(script: Path, bin_dir: Path, cwd: Path, **env: str) -> dic
     return json.loads(record.read_text())
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_slurm_array_and_job_scripts_keep_weird_values_as_data(weird_path: Path, tmp_path: Path,
                                                                slurm_standins: Path) -> None:
     # sbatch reads `#SBATCH --output=<dir>/...` as one line: the sweep dir may not hold a newline (a clear error)
@@ -130,6 +131,7 @@ def test_slurm_array_and_job_scripts_keep_weird_values_as_data(weird_path: Path,
 # ----------------------------------------------------------------------------------------------- SkyPilot
 
 
+@pytest.mark.slow  # runs train.py or a script as a real process
 def test_skypilot_run_keeps_weird_values_as_data(weird_path: Path, tmp_path: Path) -> None:
     # the mount point may not hold spaces (config rule); everything else a shell would trip on, it may (tabs split)
     mount = f"{tmp_path}/ck;'q'\"dq\"$(touch\tMARKB)`touch\tMARKC`$HOME"

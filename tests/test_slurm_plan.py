@@ -442,6 +442,7 @@ def test_states_are_slurms_own_names(raw: str, state: str) -> None:
 
 @pytest.mark.parametrize("state", ["PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "TIMEOUT",
                                    "CANCELLED", "FAILED", "COMPLETED"])
+@pytest.mark.slow  # each waits out the backend's first poll (2 s)
 def test_every_documented_final_state_ends_the_wait(fake_slurm: Path, state: str) -> None:
     _write_exe(fake_slurm / "fakebin" / "squeue", f"#!/bin/sh\nprintf '42|{state}|None\\n'\n")
     backend = slurm.Slurm()
