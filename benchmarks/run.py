@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """automodel-hydra benchmarks: our launcher against the plain alternative, as ratios measured side by side.
 
-    .venv/bin/python benchmarks/run.py --quick   # < 6 min on 2 cores: extra pairs only while a 240 s budget lasts
+    .venv/bin/python benchmarks/run.py --quick   # < 6 min on 2 cores: extra pairs only while a 210 s budget lasts
     .venv/bin/python benchmarks/run.py           # 9/4/1/3 pairs, plans of 100 -> 1000 -> 10000 jobs (~15-25 min)
 
 Prints one ``name=value`` line per figure, then a table and what each figure compares (progress goes to stderr).
@@ -40,9 +40,10 @@ Figures (goal in brackets):
 * ``compose_speedup`` (no goal): per-job compose cost, Hydra's ``load_sweep_config`` / ``_compose``'s
   (benchmarks/compose_speed.py, in one process, every config checked equal to Hydra's).
 
-Our side of the scale figures is cut off at a wall-time cap (--caps); a cut-off run gives a lower bound, and a big
-run that the smaller runs predict to take more than twice its cap is not made: its figure is then an estimate.
-Both are marked (``>=``, ``~``) and never count as meeting a goal.
+Our side of the scale figures is cut off at a cap on its own CPU seconds (--caps); a cut-off run gives a lower
+bound, and a big run that the smaller runs predict to take more than twice its cap (or, with --quick, longer than
+the time left) is not made: its figure is then an estimate. Both are marked (``>=``, ``~``) and never count as
+meeting a goal.
 
 Context (no goal): time to first training step (command start to the first ``metrics.jsonl`` line), peak RSS of
 the driver process itself (kernel high-water mark ``VmHWM`` of the ``python train.py`` pid, polled from
@@ -175,13 +176,14 @@ def _has_children(pid: int) -> bool:
 
 def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metrics: tp.Sequence[Path] = (),
           timeout: float = 600.0, track_children: bool = False, stop_when: tp.Callable[[], bool] | None = None,
-          kill_grace: float = 30.0) -> Run:
+          kill_grace: float = 30.0, cpu_cap: float | None = None) -> Run:
     """Run ``argv`` (cwd = repo root, output to ``log``) and measure it.
 
     The main thread blocks in ``os.wait4`` (exact end time and the tree's rusage); every 20 ms a monitor thread
     polls the process's ``VmHWM`` and CPU time, the ``metrics`` files, (``track_children``) whether it has a
     running child and (``stop_when``) whether the command has done what is measured: then it gets SIGTERM, and
-    SIGKILL 10 s later. On timeout the command gets SIGINT (our driver then stops its workers), then SIGKILL
+    SIGKILL 10 s later. On timeout, or once the command's own CPU time passes ``cpu_cap`` seconds (a limit that
+    other users' load does not move), it gets SIGINT (our driver then stops its workers), then SIGKILL
     ``kill_grace`` seconds later. ``Run.stopped`` says which of these ended it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     done = threading.Event()
@@ -208,6 +210,8 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
                 if stop_when is not None and not stopped[0] and stop_when():
                     stopped[0] = "stop_when"
                     threading.Thread(target=stop, daemon=True).start()
+                if cpu_cap is not None and not stopped[0] and (self_cpu[0] or 0.0) > cpu_cap:
+                    threading.Thread(target=kill, daemon=True).start()  # marks the run "timeout"
                 kb = _vm_hwm_kb(proc.pid)
                 if kb:
                     hwm[0] = max(hwm[0], kb)
@@ -549,14 +553,16 @@ def standin_env(record: Path) -> dict[str, str]:
 def slurm_sweep(work: Path, tag: str, n: int, extra: tp.Sequence[str], *, cap: float, stop_at_submit: bool) -> Run:
     """``python train.py -m seed=range(0,n) launcher=slurm slurm.detach=true EXTRA`` with the sbatch stand-in on
     PATH; ``Run.submit_s`` is command start -> the stand-in's first call. ``stop_at_submit``: stop the command
-    then (Hydra's submitit launcher waits for the jobs' results, which never come). ``cap``: wall-time limit; a
-    run cut off there has ``stopped == "timeout"`` and no ``submit_s``."""
+    then (Hydra's submitit launcher waits for the jobs' results, which never come). ``cap``: limit on the
+    command's own CPU seconds (and 4x that, at least 600 s, of wall time); a run cut off there has
+    ``stopped == "timeout"`` and no ``submit_s``."""
     d, record = work / tag, work / f"{tag}.sbatch-calls"
     shutil.rmtree(d, ignore_errors=True)
     record.unlink(missing_ok=True)
     run = timed([PY, "train.py", "-m", f"seed=range(0,{n})", "launcher=slurm", "slurm.detach=true",
-                 f"hydra.sweep.dir={d}", *extra], work / "logs" / f"{tag}.log", env=standin_env(record), timeout=cap,
-                stop_when=record.exists if stop_at_submit else None, kill_grace=5)
+                 f"hydra.sweep.dir={d}", *extra], work / "logs" / f"{tag}.log", env=standin_env(record),
+                timeout=max(4 * cap, 600), cpu_cap=cap, stop_when=record.exists if stop_at_submit else None,
+                kill_grace=5)
     calls = record.read_text().splitlines() if record.exists() else []
     shutil.rmtree(d, ignore_errors=True)
     if run.stopped == "timeout" and not calls:
@@ -602,11 +608,11 @@ def submit_figures(t: PairTask, n: int, cap: float) -> list[Figure]:
     ours_s, hsl_s = t.med(0, submit_time), t.med(1, submit_time)
     return [
         Figure("sweep_submit_ratio_vs_hsl", median(ratios), f"ours {ours_s:.1f}s", f"hydra-submitit-launcher "
-               f"{hsl_s:.1f}s", nt, (f"ours cut off at {cap:.0f}s in {cut} pairs; " if cut else "") +
+               f"{hsl_s:.1f}s", nt, (f"ours cut off at {cap:.0f} cpu-s in {cut} pairs; " if cut else "") +
                f"{n} points, start -> first sbatch (stand-in) {spread(ratios)}", bound=">=" if cut else ""),
         Figure("sweep_submit_cpu_ratio_vs_hsl", median(t.ratios(submit_cpu)), f"{t.med(0, submit_cpu):.1f} cpu-s",
-               f"{t.med(1, submit_cpu):.1f} cpu-s", nt, f"CPU of the submitting process, start -> first sbatch "
-               f"{spread(t.ratios(submit_cpu))}: what other users' load moves least", bound=">=" if cut else ""),
+               f"{t.med(1, submit_cpu):.1f} cpu-s", nt, f"CPU of the submitting process, start -> first sbatch, "
+               f"which other users' load moves least {spread(t.ratios(submit_cpu))}", bound=">=" if cut else ""),
     ]
 
 
@@ -616,36 +622,39 @@ def big_submit_figures(work: Path, n: int, cap: float, small: PairTask | None, s
     submitted (to the stand-in). Not run when the ``small_n``-point runs of ``small`` predict more than twice
     ``cap`` or more than ``time_left`` (the --quick time limit): then both are estimates from those runs."""
     if small is not None and small.pairs:
-        est = median([submit_time(a) for a, _ in small.pairs]) * n / small_n  # an overestimate: start-up x n/small_n
+        # overestimates (start-up counted n/small_n times): CPU against the cap, wall time against the time left
+        est_cpu = median([submit_cpu(a) for a, _ in small.pairs]) * n / small_n
+        est = median([submit_time(a) for a, _ in small.pairs]) * n / small_n
         cut_small = any(a.submit_s is None for a, _ in small.pairs)
-        if cut_small or est > min(2 * cap, time_left):
+        if cut_small or est_cpu > 2 * cap or est > time_left:
             hwm = max(a.self_hwm_mb or 0 for a, _ in small.pairs)
             why = (f"not run: the {small_n}-point runs were cut off" if cut_small else
-                   f"not run: the {small_n}-point runs predict ~{est:.0f} s, over "
-                   + (f"2 x the {cap:.0f} s cap" if est > 2 * cap else "the --quick time left"))
-            return [Figure("sweep_1000_submit_s", est, f"~{n}/{small_n} x the {small_n}-point time", "", "0", why,
+                   f"not run: the {small_n}-point runs predict ~{est_cpu:.0f} cpu-s / ~{est:.0f} s, over "
+                   + (f"2 x the {cap:.0f} cpu-s cap" if est_cpu > 2 * cap else "the --quick time left"))
+            return [Figure(f"sweep_{n}_submit_s", est, f"~{n}/{small_n} x the {small_n}-point time", "", "0", why,
                            bound="~"),
                     Figure("sweep_submit_peak_rss_mb", hwm, f"VmHWM of the {small_n}-point runs", "", "0",
                            f"{n}-point run not made", bound=">=")]
-    progress(f"{n}-point Slurm sweep (ours, sbatch stand-in), cap {cap:.0f}s")
+    progress(f"{n}-point Slurm sweep (ours, sbatch stand-in), cap {cap:.0f} cpu-s")
     run = slurm_sweep(work, f"submit-{n}", n, ours_extra, cap=cap, stop_at_submit=False)
     cut = run.submit_s is None
     progress(f"{n}-point sweep: {'cut off at ' if cut else 'first sbatch at '}{submit_time(run):.1f}s, "
              f"VmHWM {run.self_hwm_mb or 0:.0f} MB, {run.cpu_s:.1f} cpu-s")
-    note = (f"cut off at the {cap:.0f} s cap" if cut else
+    note = (f"cut off at the {cap:.0f} cpu-s cap" if cut else
             f"{submit_cpu(run):.1f} cpu-s to the sbatch call; exit at {run.wall_s:.1f}s")
-    return [Figure("sweep_1000_submit_s", submit_time(run),
+    return [Figure(f"sweep_{n}_submit_s", submit_time(run),
                    f"{n} points planned + submitted", "", "1", note, bound=">=" if cut else ""),
             Figure("sweep_submit_peak_rss_mb", run.self_hwm_mb, f"VmHWM of the {n}-point train.py process", "", "1",
                    "until cut off" if cut else "", bound=">=" if cut else "")]
 
 
 def plan_only(work: Path, n: int, cap: float) -> tuple[Run, int]:
-    """The plan task's command (a Slurm dry run) at ``n`` jobs, cut off at ``cap`` seconds; also how many jobs
+    """The plan task's command (a Slurm dry run) at ``n`` jobs, cut off at ``cap`` CPU seconds; also how many jobs
     Hydra had set up (``<job>/.hydra/config.yaml`` written) by the end."""
     d = work / f"plan-{n}-big"
     run = timed([PY, "train.py", "-m", "launcher=slurm", "slurm.partition=debug", "dry_run=true", f"seed=range(0,{n})",
-                 f"hydra.sweep.dir={d}"], work / "logs" / f"plan-{n}-big.log", timeout=cap, kill_grace=5)
+                 f"hydra.sweep.dir={d}"], work / "logs" / f"plan-{n}-big.log", timeout=max(4 * cap, 600), cpu_cap=cap,
+                kill_grace=5)
     done = sum(1 for j in range(n) if (d / str(j) / ".hydra" / "config.yaml").exists())
     shutil.rmtree(d, ignore_errors=True)
     if run.stopped != "timeout" and not run.ok:
@@ -667,22 +676,23 @@ def growth_figures(work: Path, plan: PairTask, sizes: tuple[int, int], big: int,
     est_wall = est_cpu * max(1.0, plan.med(0, wall) / t_mid)  # this machine's load stretches wall time
     name = "sweep_plan_growth_vs_linear"
     span = f"marginal cpu-s/job {mid}->{big} / {small}->{mid}"
-    if est_wall > min(2 * cap, time_left):
-        over = f"2 x the {cap:.0f} s cap" if est_wall > 2 * cap else "the --quick time left"
+    if est_cpu > 2 * cap or est_wall > time_left:
+        over = f"2 x the {cap:.0f} cpu-s cap" if est_cpu > 2 * cap else "the --quick time left"
         return [Figure(name, None, span, f"{small}->{mid}: {m1 * 1e3:.0f} ms/job", "0",
-                       f"not run: {big} jobs would take ~{est_wall:.0f} s, over {over}")]
-    progress(f"{big}-job Slurm dry run (plan only), cap {cap:.0f}s")
+                       f"not run: {big} jobs would take ~{est_cpu:.0f} cpu-s / ~{est_wall:.0f} s, over {over}")]
+    progress(f"{big}-job Slurm dry run (plan only), cap {cap:.0f} cpu-s")
     run, done = plan_only(work, big, cap)
     cut = run.stopped == "timeout"
     progress(f"{big}-job dry run: {run.cpu_s:.1f} cpu-s, {run.wall_s:.1f}s"
              + (f" (cut off after {done} jobs were set up)" if cut else ""))
     reached = done if cut else big
     if reached <= mid:
-        return [Figure(name, None, span, "", "1", f"cut off at {cap:.0f} s after {done} jobs")]
+        return [Figure(name, None, span, "", "1", f"cut off at {cap:.0f} cpu-s after {done} jobs")]
     m2 = (run.cpu_s - t_mid) / (reached - mid)
     return [Figure(name, m2 / m1 if m1 > 0 else None, span, f"{m2 * 1e3:.1f} / {m1 * 1e3:.1f} ms/job", "1",
                    f"{big} jobs: {run.cpu_s:.0f} cpu-s, {run.wall_s:.0f}s wall" if not cut else
-                   f"cut off at {cap:.0f} s: estimated from the {done} jobs set up by then", bound="~" if cut else ""),
+                   f"cut off at {cap:.0f} cpu-s: estimated from the {done} jobs set up by then",
+                   bound="~" if cut else ""),
             Figure("sweep_plan_big_s_per_job", run.cpu_s / reached, f"{big}-job dry run, cpu-s/job", "", "1",
                    f"VmHWM {run.self_hwm_mb or 0:.0f} MB", bound="~" if cut else "")]
 
@@ -767,7 +777,6 @@ RATIO_OF = {"ckpt": "ckpt_async_stall_ratio", "launch": "launch_overhead_ratio",
             "bigsubmit": "sweep_1000_submit_s", "growth": "sweep_plan_growth_vs_linear",
             "compose": "compose_speedup"}
 ORDER = ("launch", "sweep", "plan", "submit", "bigsubmit", "growth", "compose", "ckpt")
-BIG_SUBMIT = 1000  # points of sweep_1000_submit_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -777,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="one mandatory round, then more pairs only while the time budget lasts; plan 10 -> 100 "
                          "(-> 1000 for the growth figure) jobs; runs of ours cut off at short caps")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds after which no optional pair is started (default: 240 with --quick, none without)")
+                    help="seconds after which no optional pair is started (default: 210 with --quick, none without)")
     ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,growth,compose",
                     help="comma list of: ckpt,launch,sweep,plan,submit (ratio vs hydra-submitit-launcher, 1000-point "
                          "submit, peak RSS),growth (needs plan),compose (per-job compose: Hydra vs _compose)")
@@ -787,19 +796,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100); "
                                                        "the growth figure adds 10 x BIG")
     ap.add_argument("--submit-points", type=int, default=200, help="points of the sweep_submit_ratio_vs_hsl sweep")
+    ap.add_argument("--big-points", type=int, default=1000, help="points of the sweep_1000_submit_s sweep")
     ap.add_argument("--ours-args", default="",
                     help="extra train.py arguments for our side of the submit figures, e.g. "
                          "'hydra/sweeper=automodel_basic' (space-separated)")
     ap.add_argument("--caps", default=None,
-                    help="PAIR,BIG,GROWTH wall-time caps (s) for our side of the submit pair, the 1000-point submit "
-                         "and the biggest plan-only run (default: --quick 60,60,90; else 300,600,1800)")
+                    help="PAIR,BIG,GROWTH caps on the CPU seconds of our side of the submit pair, the 1000-point "
+                         "submit and the biggest plan-only run (default: --quick 60,60,90; else 300,600,1800)")
     ap.add_argument("--sweep-steps", type=int, default=1, help="training steps per sweep job")
     ap.add_argument("--json", default=None, help="also write every figure to this JSON file")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, job dirs)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio misses its goal or is unavailable")
     args = ap.parse_args(argv)
     q = args.quick
-    budget = args.budget if args.budget is not None else (240.0 if q else float("inf"))
+    budget = args.budget if args.budget is not None else (210.0 if q else float("inf"))
     deadline = budget + 90.0  # --quick: no one-off big run is started that would end past this (seconds from start)
     max_pairs = [int(x) for x in (args.pairs or ("7,3,1,3" if q else "9,4,1,3")).split(",")]
     assert len(max_pairs) == 4, "--pairs takes LAUNCH,SWEEP,PLAN,SUBMIT"
@@ -808,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     assert len(sizes) == 2 and sizes[1] > sizes[0] > 0
     only = set(args.only.split(","))
     ours_extra = args.ours_args.split()
-    # wall-time caps for our side of the scale figures (today's launcher can take many minutes at 1000+ points)
+    # CPU-time caps for our side of the scale figures (a slow launcher can take many minutes at 1000+ points)
     cap_pair, cap_big, cap_growth = (float(x) for x in (args.caps or ("60,60,90" if q else "300,600,1800")).split(","))
 
     work = Path(tempfile.mkdtemp(prefix="automodel-bench-"))
@@ -859,8 +869,9 @@ def main(argv: list[str] | None = None) -> int:
         if "submit" in only and not slurm_missing:
             try:
                 sub = by_name.get("submit")
-                figures["bigsubmit"] = big_submit_figures(work, BIG_SUBMIT, cap_big, sub if sub and sub.pairs else None,
-                                                          args.submit_points, ours_extra, time_left())
+                figures["bigsubmit"] = big_submit_figures(work, args.big_points, cap_big,
+                                                          sub if sub and sub.pairs else None, args.submit_points,
+                                                          ours_extra, time_left())
             except Exception as e:
                 failed["bigsubmit"] = f"{type(e).__name__}: {e}"
         if "growth" in only and not slurm_missing:
