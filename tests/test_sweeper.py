@@ -24,6 +24,14 @@ from tests.helpers import CONF, compose_cfg
 Batch = list[list[str]]
 
 
+def _returned(status: JobStatus, value: tp.Any) -> JobReturn:
+    """A JobReturn as a launcher fills it in, through Hydra's public setters."""
+    ret = JobReturn()
+    ret.status = status
+    ret.return_value = value
+    return ret
+
+
 class Recorder:
     """Stands in for the launcher: records each batch and its first job number, returns a completed job each."""
 
@@ -32,7 +40,7 @@ class Recorder:
 
     def launch(self, job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
         self.batches.append(([list(o) for o in job_overrides], initial_job_idx))
-        return [JobReturn(status=JobStatus.COMPLETED, _return_value=None) for _ in job_overrides]
+        return [_returned(JobStatus.COMPLETED, None) for _ in job_overrides]
 
 
 class RecordingAutomodelLauncher(AutomodelLauncher, Recorder):
@@ -154,7 +162,7 @@ def test_a_failed_job_raises_after_its_batch(tmp_path: Path) -> None:
     class Failing(Recorder):
         def launch(self, job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
             super().launch(job_overrides, initial_job_idx)
-            return [JobReturn(status=JobStatus.FAILED, _return_value=ValueError("slurm.nodes=0: must be >= 1"))]
+            return [_returned(JobStatus.FAILED, ValueError("slurm.nodes=0: must be >= 1"))]
 
     launcher = Failing()
     with pytest.raises(ValueError, match="slurm.nodes=0"):
