@@ -234,6 +234,22 @@ def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
     return value if isinstance(value, dict) else {"value": value}
 
 
+def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
+    """The lowest failed rank's exception, ``"rank N: Type: message"``, from ``launch/error.rank<N>`` files a
+    rank wrote at or after ``since`` (epoch s); None when no rank recorded one."""
+    found = []
+    for path in job.launch_dir.glob("error.rank*"):
+        try:
+            if path.stat().st_mtime >= since - 1:
+                found.append((int(path.name.removeprefix("error.rank")), path.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    rank, text = min(found)
+    return f"rank {rank}: {text}"
+
+
 def write_record(sub: Submission[tp.Any]) -> Path:
     """Save ``sub.record()`` as ``launch/submission.json``."""
     path = sub.plan.job.record_file

@@ -36,6 +36,9 @@ from pathlib import Path
 
 log = logging.getLogger("automodel_hydra.worker")
 
+#: ``launch/error.rank<N>``: a failed rank's exception in one line (see :func:`write_rank_error`).
+RANK_ERROR_PREFIX = "error.rank"
+
 #: Exit code of a rank that stopped early on a signal and was not requeued (128 + SIGTERM, as a shell reports it).
 EXIT_STOPPED = 143
 
@@ -231,8 +234,9 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
                 usr2, term, preempted = _agree([usr2, stop.terminated, preempted], dist_env)
                 action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
                                          requeues_left=in_slurm and requeues_left())
-    except Exception:
+    except Exception as e:
         log.exception("rank %d failed", env.rank)
+        write_rank_error(Path(job_file).parent, env.rank, e)
         raise
     if result.get("stopped_early"):
         if action == REQUEUE:
@@ -246,6 +250,16 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     if env.rank == 0:
         write_result(Path(cfg.output_dir) / "result.json", result)
     return result
+
+
+def write_rank_error(launch_dir: Path, rank: int, error: BaseException) -> None:
+    """``launch/error.rank<N>``: this rank's exception as one line (``Type: message``), which the launching
+    command quotes as its last line (:func:`automodel_hydra.plan.rank_error`). Never fails the rank further."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    try:
+        (launch_dir / f"{RANK_ERROR_PREFIX}{rank}").write_text(f"{type(error).__name__}: {first}"[:500] + "\n")
+    except OSError:
+        pass
 
 
 def write_result(path: Path, result: dict[str, tp.Any]) -> None:

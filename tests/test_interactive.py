@@ -39,8 +39,9 @@ def test_failing_rank_fails_the_command_and_shows_its_error(tmp_path) -> None:
     proc = train_py(f"hydra.run.dir={tmp_path / 'R'}", f"model.name_or_path={broken_model_dir(tmp_path)}",
                     "interactive.nproc_per_node=2", check=False)
     assert proc.returncode != 0
-    assert "no-such-architecture" in proc.stdout  # the rank's own error reaches the user
-    assert "ended FAILED" in proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    # the command's last line quotes the failing rank's own exception, not only torchrun's exit code
+    assert last.startswith("error: ") and "ended FAILED" in last and "rank " in last and "no-such-architecture" in last
     assert not (tmp_path / "R" / "result.json").exists()
 
 

@@ -29,7 +29,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, read_result, worker_argv
+from automodel_hydra.plan import (
+    Backend,
+    Batch,
+    JobResult,
+    JobSpec,
+    Plan,
+    Submission,
+    rank_error,
+    read_result,
+    worker_argv,
+)
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.schema import at_least, check_port, require
 from automodel_hydra.states import JobState, StateInfo
@@ -275,7 +285,9 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
     cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
-    return JobResult(state, error=f"torchrun exited with {returncode} (job dir {plan.job.job_dir}){tail}")
+    why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
+    return JobResult(state, error=f"{why + '; ' if why else ''}torchrun exited with {returncode} "
+                                  f"(job dir {plan.job.job_dir}){tail}")
 
 
 class Interactive(Backend[Request, LocalRef]):

@@ -61,6 +61,7 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    rank_error,
     read_result,
     worker_argv,
 )
@@ -637,6 +638,9 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if sub.log_path and Path(sub.log_path).exists():
         tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
     why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
+    failed_rank = rank_error(sub.plan.job, sub.ref.submitted_at)
+    if failed_rank:
+        why = f"{failed_rank}; {why}"
     return JobResult(JobState.FAILED if state is JobState.COMPLETED else state,
                      error=f"job {sub.ref.job_id}: {why} (log {sub.log_path}){tail}")
 
