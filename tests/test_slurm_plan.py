@@ -478,3 +478,18 @@ def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> N
 def test_an_empty_argument_stays_an_argument() -> None:
     assert slurm._sh("") == "''" and slurm._sh(slurm._JOB_DIR) == '"$AUTOMODEL_JOB_DIR"'
 
+
+
+def test_automodels_token_keys_stay_references_and_a_literal_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_HF", "hf_SECRET_value")
+    text = script(["++slurm.hf_token=${MY_HF}", "++slurm.wandb_key=${WANDB_API_KEY}"])
+    assert 'export HF_TOKEN="${MY_HF}"' in text and 'export WANDB_API_KEY="${WANDB_API_KEY}"' in text
+    assert "hf_SECRET_value" not in text
+    with pytest.raises(ConfigError, match="slurm.hf_token.*never written"):
+        script(["++slurm.hf_token=hf_literal_token"])
+
+
+def test_automodels_chdir_and_cli_keys(tmp_path: Path) -> None:
+    assert "cd /lustre/work  # slurm.chdir" in script(["++slurm.chdir=/lustre/work"])
+    with pytest.warns(UserWarning, match="slurm.job_dir is set by AutoModel's own CLI"):
+        script([f"++slurm.job_dir={tmp_path}"])

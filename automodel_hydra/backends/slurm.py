@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 import typing as tp
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,7 +163,7 @@ class SlurmConfig:
     #: Fields that are shell text for the job itself: written to the script as they are, so bash expands their
     #: ``$VAR`` where the job runs (a ``$HF_TOKEN`` in ``setup`` never becomes its value in a file). Every other
     #: field's shell references are expanded from the submitting shell (automodel_hydra/envvars.py).
-    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args")
+    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args", "hf_token", "wandb_key")
 
     job_name: str = "llm_finetune"
     nodes: int = 1
@@ -184,6 +185,19 @@ class SlurmConfig:
     master_port: int = DEFAULT_PORT
     # variables for the job; "${VAR}" = the submitting shell's $VAR, expanded in the job, never written to a file
     env_vars: tp.Dict[str, str] = field(default_factory=dict)
+    # AutoModel's: the job's HF_TOKEN / WANDB_API_KEY, as a reference to a variable of the submitting shell
+    # ("${HF_TOKEN}"; a token's value is never written into the script); null = the submitting shell's own
+    # HF_TOKEN / WANDB_API_KEY reach the job when set (also at SBATCH_EXPORT=NONE sites)
+    hf_token: tp.Optional[str] = None
+    wandb_key: tp.Optional[str] = None
+    # AutoModel's: the dir the tasks start in (cd before srun); null = the submitting dir (or the job's dir under
+    # hydra.job.chdir=true)
+    chdir: tp.Optional[str] = None
+    # AutoModel's CLI fills these for its own sbatch script; here every task runs the worker and the run dir keeps
+    # the script, config and logs, so they are accepted and ignored (with a warning when set)
+    command: tp.Optional[str] = None
+    job_dir: tp.Optional[str] = None
+    repo_root: tp.Optional[str] = None
     # wrap each task in nsys profile (same switch as profile=nsys)
     nsys_enabled: bool = False
     # GPUs per node (--gpus-per-node); null = ntasks_per_node; 0 = request none
@@ -360,6 +374,19 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if hf_home:
         setup.append(f"export HF_HOME={shlex.quote(hf_home)}")
     env = parse_env_vars(sc.env_vars, "slurm.env_vars")
+    for key, name in (("hf_token", "HF_TOKEN"), ("wandb_key", "WANDB_API_KEY")):
+        value = getattr(sc, key)
+        if value is None:
+            continue
+        (secret,) = parse_env_vars({name: value}, "slurm")
+        if secret.ref is None:
+            raise ConfigError(f"slurm.{key}", "<a literal value>", f"a reference to a variable of the submitting "
+                              f"shell, e.g. '${{{name}}}': a token's value is never written into the job's script")
+        env = [e for e in env if e.name != name] + [secret]
+    for key in ("command", "job_dir", "repo_root"):
+        if getattr(sc, key) is not None:
+            warnings.warn(f"slurm.{key} is set by AutoModel's own CLI for its sbatch script; here every task runs "
+                          "the worker and the run dir keeps the script, config and logs: it is ignored", stacklevel=2)
     if env:
         setup += ["# slurm.env_vars (\"${VAR}\" = the submitting shell's variable, expanded here)", *export_lines(env)]
     spec = JobSpec(Path(_JOB_DIR), job.job_name)  # the job's paths inside the script
@@ -375,12 +402,16 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         setup += ["# slurm.setup", *sc.setup]
     if job.workdir is not None:
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
+    if sc.chdir is not None:
+        setup.append(f"cd {shlex.quote(sc.chdir)}  # slurm.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
     return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup),
                    container_image=sc.container_image, mounts=tuple(mounts), srun_args=tuple(sc.srun_args),
                    command=command,
-                   env_refs=tuple(r.name for e in env for r in e.refs), ntasks=sc.world_size)
+                   env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
+                       n for k, n in (("hf_token", "HF_TOKEN"), ("wandb_key", "WANDB_API_KEY"))
+                       if getattr(sc, k) is None)), ntasks=sc.world_size)
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
@@ -460,7 +491,8 @@ class Slurm(Backend[Request, SlurmRef]):
                 if sc.container_image is not None and not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
-            for entry, var in missing_refs(parse_env_vars(sc.env_vars, "slurm.env_vars"), os.environ):
+            tokens = {n: v for n, v in (("HF_TOKEN", sc.hf_token), ("WANDB_API_KEY", sc.wandb_key)) if v}
+            for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
         self.max_array_size = max_array_size()
