@@ -40,3 +40,60 @@ def test_automodel_yaml_runs_unchanged_through_our_launcher_and_resumes(tiny_lla
     assert "Loading checkpoint from" in second.stdout  # AutoModel resumed from LATEST in checkpoint_dir
     rows = [json.loads(line) for line in (ckpt / "training.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in rows][-2:] == [4, 5]  # steps 0..3, then 4..5: every step once
+
+
+SLURM_SECTION = """
+slurm:
+  job_name: squad_ft
+  nodes: 2
+  ntasks_per_node: 1
+  time: 00:10:00
+  gpus_per_node: 0
+"""
+
+
+def with_slurm_section(tmp_path: Path, partition: str | None = None) -> Path:
+    """The AutoModel YAML with an AutoModel-style ``slurm:`` block appended (as its docs show one)."""
+    path = tmp_path / "squad_slurm.yaml"
+    extra = f"  partition: {partition}\n" if partition else ""
+    path.write_text(SQUAD_YAML.read_text() + SLURM_SECTION + extra)
+    return path
+
+
+def test_a_sweep_over_a_recipe_key_of_an_automodel_file_is_one_slurm_array(tiny_llama_dir: Path, squad_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    cfg = with_slurm_section(tmp_path)
+    sweep = tmp_path / "S"
+    overrides = [f"--{o}" for o in cpu_overrides(tiny_llama_dir, squad_dir, tmp_path / "ckpt")]
+    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", str(cfg), "-m", "optimizer.lr=1e-5,3e-5",
+                           *overrides, "dry_run=true", f"hydra.sweep.dir={sweep}"], env=rank_env(), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    scripts = sorted(p.name for p in (sweep / "launch").glob("*.sh"))
+    assert scripts == ["sbatch.sh"]
+    array = (sweep / "launch" / "sbatch.sh").read_text()
+    assert "#SBATCH --array=0-1%2" in array and "#SBATCH --nodes=2" in array and "#SBATCH --time=10" in array
+    lrs = [yaml_lr((sweep / str(i) / "launch" / "job.yaml").read_text()) for i in range(2)]
+    assert lrs == [1e-5, 3e-5]  # each job's recipe sections carry its own point
+
+
+def yaml_lr(text: str) -> float:
+    import yaml
+
+    return float(yaml.safe_load(text)["optimizer"]["lr"])
+
+
+@pytest.mark.slurm
+def test_automodel_file_with_a_slurm_section_runs_as_a_two_node_job(slurm_cluster: object, tiny_llama_dir: Path,
+                                                                     squad_dir: Path, tmp_path: Path) -> None:
+    cfg = with_slurm_section(tmp_path, partition="debug")
+    run, ckpt = tmp_path / "R", tmp_path / "ckpt"
+    overrides = [f"--{o}" for o in cpu_overrides(tiny_llama_dir, squad_dir, ckpt, max_steps=3, ckpt_every_steps=3)]
+    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", str(cfg), *overrides,
+                           "++slurm.wait=true", f"hydra.run.dir={run}"], env=rank_env(), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "submitted slurm job" in proc.stdout
+    result = json.loads((run / "result.json").read_text())
+    assert result["stopped_early"] is False
+    assert (ckpt / "LATEST").exists()
