@@ -493,3 +493,14 @@ def test_automodels_chdir_and_cli_keys(tmp_path: Path) -> None:
     assert "cd /lustre/work  # slurm.chdir" in script(["++slurm.chdir=/lustre/work"])
     with pytest.warns(UserWarning, match="slurm.job_dir is set by AutoModel's own CLI"):
         script([f"++slurm.job_dir={tmp_path}"])
+
+
+@pytest.mark.parametrize("form", ["'{src}:/opt/Automodel'", "{{source:{src},dest:/opt/Automodel}}"])
+def test_automodels_nemo_mount_forms_mount_its_source_and_this_project(form: str, tmp_path: Path) -> None:
+    text = script(["slurm.container_image=nvcr.io/nvidia/nemo:dev", f"slurm.nemo_mount={form.format(src=tmp_path)}"])
+    mounts = next(a for a in text.split() if a.startswith("--container-mounts="))
+    assert f"{tmp_path}:/opt/Automodel" in mounts and f"/src/automodel-hydra:{slurm.PROJECT_MOUNT}" in mounts
+    assert f"export PYTHONPATH={slurm.PROJECT_MOUNT}:/opt/Automodel" in text
+    missing = load(["slurm.container_image=img", f"slurm.nemo_mount='{tmp_path}/nope:/opt/Automodel'"])
+    with pytest.raises(ConfigError, match="slurm.nemo_mount.source"):
+        slurm.Slurm().preflight([missing])

@@ -79,6 +79,8 @@ SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
+#: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
+PROJECT_MOUNT = "/opt/automodel-hydra"
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 #: Defaults every task gets; the submitting shell's value or an ``env_vars`` entry wins.
@@ -175,8 +177,10 @@ class SlurmConfig:
     partition: tp.Optional[str] = None
     # Enroot/Pyxis image (srun --container-image)
     container_image: tp.Optional[str] = None
-    # where the project source is mounted inside the container (put on PYTHONPATH there)
-    nemo_mount: tp.Optional[str] = None
+    # containers: a path inside the container where this project's source is mounted (put on PYTHONPATH there);
+    # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
+    # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
+    nemo_mount: tp.Any = None
     # Hugging Face cache: exported as HF_HOME and mounted into the container
     hf_home: tp.Optional[str] = None
     # VolumeMapping {source, dest} or "src:dst"
@@ -247,10 +251,17 @@ class SlurmConfig:
         for key, value in lines.items():
             option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
             one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
-        for key in ("nemo_mount",):
-            value = getattr(self, key)
-            if value is not None:
-                require(str(value).startswith("/"), f"slurm.{key}", value, "must be an absolute path in the container")
+        if self.nemo_mount is not None and self.nemo_volume is None:
+            require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
+                    "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
+
+    @property
+    def nemo_volume(self) -> VolumeMapping | None:
+        """``nemo_mount`` in AutoModel's form (host source -> container path), else None."""
+        value = self.nemo_mount
+        if isinstance(value, tp.Mapping) or (isinstance(value, str) and ":" in value):
+            return VolumeMapping.parse(dict(value) if isinstance(value, tp.Mapping) else value, "slurm.nemo_mount")
+        return None
 
     @property
     def time_minutes(self) -> int:
@@ -341,7 +352,10 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     hf_home = sc.hf_home
     in_container = sc.container_image is not None
     python = "python" if in_container else sys.executable
-    if in_container and sc.nemo_mount:
+    volume = sc.nemo_volume
+    if in_container and volume is not None:  # AutoModel's source, and this project beside it
+        pythonpath = f"export PYTHONPATH={shlex.quote(PROJECT_MOUNT)}:{shlex.quote(volume.dest)}"
+    elif in_container and sc.nemo_mount:
         pythonpath = f"export PYTHONPATH={shlex.quote(sc.nemo_mount)}"  # the host's PYTHONPATH means nothing there
     elif in_container:
         pythonpath = "# PYTHONPATH: automodel_hydra is expected to be installed in the image"
@@ -394,7 +408,10 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if in_container:
         if hf_home:
             mounts.append(_mount(hf_home, hf_home, "slurm.hf_home"))
-        if sc.nemo_mount:
+        if volume is not None:
+            mounts += [_mount(volume.source, volume.dest, "slurm.nemo_mount"),
+                       _mount(str(job.project_root), PROJECT_MOUNT, "slurm.nemo_mount")]
+        elif sc.nemo_mount:
             mounts.append(_mount(str(job.project_root), sc.nemo_mount, "slurm.nemo_mount"))
         mounts += [_mount(m.source, m.dest, f"slurm.extra_mounts[{i}]") for i, m in enumerate(sc.extra_mounts)]
     setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
@@ -487,6 +504,8 @@ class Slurm(Backend[Request, SlurmRef]):
                     raise problem
             sources = [("slurm.hf_home", sc.hf_home)] if sc.container_image and sc.hf_home else []
             sources += [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
+            if sc.nemo_volume is not None:
+                sources.append(("slurm.nemo_mount.source", sc.nemo_volume.source))
             for key, source in sources:
                 if sc.container_image is not None and not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
