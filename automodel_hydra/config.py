@@ -22,6 +22,7 @@ recipe's sections without any launcher section, so nothing of the submitting hos
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -381,6 +382,11 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
     data = {str(k): v for k, v in container.items() if k != "hydra"}
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
+        if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
+            from automodel_hydra.backends.slurm import AUTOMODEL_DEFAULTS
+
+            for key, value in AUTOMODEL_DEFAULTS.items():
+                data["slurm"].setdefault(key, copy.deepcopy(value))
         sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
         data = {k: v for k, v in data.items() if k in LAUNCH_KEYS}
         data["recipe_sections"] = _escape(sections)

@@ -190,3 +190,15 @@ def test_yaml11_implicit_types_never_change_a_launcher_value(tmp_path) -> None:
     assert "#SBATCH --account=0755" in script
     train_py(*cfg, "slurm.time=45", f"hydra.run.dir={tmp_path / 'b'}")
     assert "#SBATCH --time=45" in (tmp_path / "b" / "launch" / "sbatch.sh").read_text()
+
+
+def test_an_automodel_recipes_slurm_section_gets_automodels_defaults_for_hardware_and_bill(tmp_path) -> None:
+    base = {"output_dir": str(tmp_path), "recipe": "my_pkg.train:main"}
+    left_out = config.load({**base, "slurm": {"nodes": 2}}).slurm
+    assert left_out is not None
+    assert (left_out.time, left_out.partition, left_out.gpus_per_node) == ("00:05:00", "batch", 0)
+    assert left_out.sbatch_args == {"exclusive": None}
+    given = config.load({**base, "slurm": {"time": "02:00:00", "partition": "gpu", "gpus_per_node": 8}}).slurm
+    assert given is not None and (given.time, given.partition, given.gpus_per_node) == ("02:00:00", "gpu", 8)
+    ours = config.load({"output_dir": str(tmp_path), "slurm": {"nodes": 2}}).slurm  # the bundled recipe: ours
+    assert ours is not None and (ours.time, ours.partition) == ("04:00:00", None)

@@ -79,6 +79,12 @@ SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
+#: NeMo AutoModel's Slurm defaults (its SlurmConfig and sbatch template) for the keys that set the hardware or the
+#: bill, applied to an AutoModel recipe's ``slurm:`` section where the file leaves the key out, so the file asks for
+#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition, whole nodes (``--exclusive``) and
+#: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
+AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
+                                         "sbatch_args": {"exclusive": None}}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
 PROJECT_MOUNT = "/opt/automodel-hydra"
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
