@@ -357,7 +357,7 @@ def test_help_is_the_products_help() -> None:
                          timeout=120, check=True).stdout
     assert "powered by Hydra" not in out and "slurm: null" not in out
     for launcher in ("interactive", "slurm", "skypilot"):  # each launcher and what it selects
-        assert f"automodel_{launcher}" in out and f"the {launcher}: section" in out
+        assert f"Selects the {launcher}: section" in out
     assert "launcher: interactive, skypilot, slurm" in out  # Hydra's $APP_CONFIG_GROUPS
     for command in ("runs", "status [DIR]", "logs [DIR] [JOB]", "cancel DIR [JOB]", "report [DIR]"):
         assert f"automodel-hydra {command}" in out
