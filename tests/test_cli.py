@@ -361,7 +361,7 @@ def test_help_is_the_products_help() -> None:
     assert "launcher: interactive, skypilot, slurm" in out  # Hydra's $APP_CONFIG_GROUPS
     for command in ("runs", "status [DIR]", "logs [DIR] [JOB]", "cancel DIR [JOB]", "report [DIR]"):
         assert f"automodel-hydra {command}" in out
-    assert "outputs/DATE/TIME/" in out and "multirun/DATE/TIME/N/" in out and "final_model/" in out
+    assert "outputs/DATE/TIME-TAG/" in out and "multirun/DATE/TIME-TAG/N/" in out and "final_model/" in out
     assert "python train.py -m optim.lr=1e-4,3e-4 seed=1,2" in out
     assert "'++slurm.env_vars.HF_TOKEN=${HF_TOKEN}'" in out and "your $HF_TOKEN" in out  # $ survives the template
     # every key the help names exists in the typed schema (the help cannot drift from the config)
