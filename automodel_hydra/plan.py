@@ -101,12 +101,9 @@ class Plan(tp.Generic[RequestT]):
     #: options of the whole launch that jobs must share to be submitted together (e.g. array parallelism)
     group_key: tp.Hashable = None
 
-    def render(self) -> str:
-        """Every planned file, each under a ``# ---- <path>`` header (what a dry run prints)."""
-        return render_files({self.job.launch_dir / name: text for name, text in self.files.items()})
-
 
 def render_files(files: tp.Mapping[Path, str]) -> str:
+    """Files, each under a ``# ---- <path>`` header (what a dry run prints)."""
     return "\n".join(f"# ---- {path}\n{text.rstrip()}\n" for path, text in files.items())
 
 
