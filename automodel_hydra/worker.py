@@ -36,6 +36,8 @@ from pathlib import Path
 
 log = logging.getLogger("automodel_hydra.worker")
 
+#: ``launch/cancelled``: written by a local cancel (automodel_hydra.backends.interactive) before it signals the ranks.
+CANCELLED_MARK = "cancelled"
 #: ``launch/error.rank<N>``: a failed rank's exception in one line (see :func:`write_rank_error`).
 RANK_ERROR_PREFIX = "error.rank"
 
@@ -242,6 +244,11 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         if action == REQUEUE:
             if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
                 requeue()
+            return result
+        if (Path(job_file).parent / CANCELLED_MARK).exists() and "SLURM_JOB_ID" not in os.environ:
+            # a local run the user cancelled: the stop is the outcome asked for, so the ranks end cleanly and
+            # torchrun exits quietly (the mark tells status it was CANCELLED)
+            log.warning("cancelled: checkpointed step %s and stopped", result.get("step"))
             return result
         log.warning("stopped at step %s on a signal; not requeued: %s", result.get("step"), why)
         if action == WAIT:

@@ -135,6 +135,11 @@ def test_cancel_really_stops_a_running_interactive_job(tmp_path: Path) -> None:
         assert not any(map(group_alive, pids))
         assert not list(sweep.glob("*/result.json"))
         assert "already CANCELLED" in cli_out("cancel", str(sweep), "1")
+        # a cancel is a stop the user asked for: the ranks end cleanly, and neither torchrun nor the driver
+        # prints a traceback (torchrun does when it is signalled itself)
+        outputs = [(tmp_path / "driver.out").read_text(), *(
+            (sweep / str(j) / "launch" / "torchrun.out").read_text() for j in (0, 1))]
+        assert not [o for o in outputs if "Traceback" in o]
     finally:
         if driver.poll() is None:
             driver.kill()

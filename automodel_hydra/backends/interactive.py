@@ -269,8 +269,7 @@ class _Scheduler:
             for i, proc in self.procs.items():
                 if proc.poll() is None:
                     (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # CANCELLED, not FAILED
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGTERM)
+                    stop_ranks(proc.pid)
             self.cond.notify_all()
 
 
@@ -404,8 +403,7 @@ class Interactive(Backend[Request, LocalRef]):
             (job_dir / "launch" / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
             if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
+                stop_ranks(pid)
 
     def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> LocalRef:
         ref = record.get("ref") or {}
@@ -434,6 +432,26 @@ def _raise_on_termination() -> tp.Callable[[], None]:
 
     return restore
 
+
+
+def stop_ranks(torchrun_pid: int) -> None:
+    """SIGTERM the ranks of the torchrun agent ``torchrun_pid`` (its child processes, from ``/proc``): they
+    checkpoint at the next step and end cleanly, and torchrun exits by itself, without the traceback it prints
+    when it is signalled itself. Falls back to the agent's process group when no rank is found."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(torchrun_pid):
+            children.append(int(stat.parent.name))
+    for pid in children or []:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if not children:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(torchrun_pid, signal.SIGTERM)
 
 
 def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:

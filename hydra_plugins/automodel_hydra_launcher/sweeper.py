@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import typing as tp
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
@@ -129,10 +130,19 @@ class AutomodelSweeper(Sweeper):
             if validate:
                 self.validate_batch_is_legal(batch)
             results = self.launcher.launch(batch, initial_job_idx=first)
-            for r in results:
-                _ = r.return_value  # raises the job's exception when it failed
             first += len(batch)
             returns.append(results)
+            failed = [r for r in results if r.status == JobStatus.FAILED]
+            if failed and not validate:  # our launcher's jobs: one line per failed job, no traceback
+                from automodel_hydra.plan import JobFailedError
+
+                errors = [_failure(r) for r in failed]
+                if all(isinstance(e, JobFailedError) for e in errors):
+                    for e in errors:
+                        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+                    raise SystemExit(1)
+            for r in results:
+                _ = r.return_value  # raises the job's exception when it failed
         return returns
 
     def _launcher_validates(self) -> bool:
@@ -142,3 +152,12 @@ class AutomodelSweeper(Sweeper):
         already imported, which makes new class objects of the same classes."""
         return any(c.__name__ == "AutomodelLauncher" and c.__module__ == _LAUNCHERS
                    for c in type(self.launcher).__mro__)
+
+
+def _failure(ret: JobReturn) -> BaseException | None:
+    """A failed job's exception, through Hydra's public ``return_value`` (which raises it)."""
+    try:
+        ret.return_value  # noqa: B018
+    except Exception as e:
+        return e
+    return None
