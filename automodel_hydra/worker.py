@@ -248,7 +248,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         if (Path(job_file).parent / CANCELLED_MARK).exists() and "SLURM_JOB_ID" not in os.environ:
             # a local run the user cancelled: the stop is the outcome asked for, so the ranks end cleanly and
             # torchrun exits quietly (the mark tells status it was CANCELLED)
-            log.warning("cancelled: checkpointed step %s and stopped", result.get("step"))
+            log.warning("stopped at step %s on a signal; cancelled by the user: exiting cleanly", result.get("step"))
             return result
         log.warning("stopped at step %s on a signal; not requeued: %s", result.get("step"), why)
         if action == WAIT:
