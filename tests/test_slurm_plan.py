@@ -504,3 +504,13 @@ def test_automodels_nemo_mount_forms_mount_its_source_and_this_project(form: str
     missing = load(["slurm.container_image=img", f"slurm.nemo_mount='{tmp_path}/nope:/opt/Automodel'"])
     with pytest.raises(ConfigError, match="slurm.nemo_mount.source"):
         slurm.Slurm().preflight([missing])
+
+
+def test_an_array_task_logs_its_array_id_not_its_raw_job_id() -> None:
+    lines = [line for line in script().splitlines() if line.startswith(("job=", 'echo "automodel-hydra: job'))]
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4250", "MASTER_ADDR": "node1", "MASTER_PORT": "13992"}
+    array = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, check=True,
+                           env={**env, "SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "8"}).stderr
+    single = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, check=True,
+                            env=env).stderr
+    assert "job 4242_8 rendezvous at node1:13992" in array and "job 4250 rendezvous" in single

@@ -382,7 +382,9 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         f'  while [ "$MASTER_PORT" -le {65535 - PORT_SPAN} ] && (: <"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null; '
         f"do MASTER_PORT=$((MASTER_PORT + {PORT_SPAN})); done",
         "fi",
-        'echo "automodel-hydra: job ${SLURM_JOB_ID} rendezvous at ${MASTER_ADDR}:${MASTER_PORT}" >&2',
+        # an array task is named as squeue and sacct name it (ARRAYID_TASK), not by its raw job id
+        'job="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+        'echo "automodel-hydra: job ${job:-$SLURM_JOB_ID} rendezvous at ${MASTER_ADDR}:${MASTER_PORT}" >&2',
         "# task defaults (the submitting shell's value or slurm.env_vars wins)",
         *[f'export {k}="${{{k}:-{v}}}"' for k, v in TASK_DEFAULTS.items()],
     ]
