@@ -85,6 +85,8 @@ _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv 
 #: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
 AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
                                          "sbatch_args": {"exclusive": None}}
+#: AutoModel's token fields of ``slurm:`` -> the variable the job gets (a reference, never a value in the script).
+TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
 PROJECT_MOUNT = "/opt/automodel-hydra"
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
@@ -396,7 +398,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if hf_home:
         setup.append(f"export HF_HOME={shlex.quote(hf_home)}")
     env = parse_env_vars(sc.env_vars, "slurm.env_vars")
-    for key, name in (("hf_token", "HF_TOKEN"), ("wandb_key", "WANDB_API_KEY")):
+    for key, name in TOKEN_FIELDS.items():
         value = getattr(sc, key)
         if value is None:
             continue
@@ -435,7 +437,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                    container_image=sc.container_image, mounts=tuple(mounts), srun_args=tuple(sc.srun_args),
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
-                       n for k, n in (("hf_token", "HF_TOKEN"), ("wandb_key", "WANDB_API_KEY"))
+                       n for k, n in TOKEN_FIELDS.items()
                        if getattr(sc, k) is None)), ntasks=sc.world_size)
 
 
@@ -518,7 +520,7 @@ class Slurm(Backend[Request, SlurmRef]):
                 if sc.container_image is not None and not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
-            tokens = {n: v for n, v in (("HF_TOKEN", sc.hf_token), ("WANDB_API_KEY", sc.wandb_key)) if v}
+            tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
