@@ -1,5 +1,7 @@
 """Shared fixtures. The real Slurm test cluster comes from tests/slurm_cluster.py (session-scoped)."""
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,17 @@ pytest_plugins = ["tests.slurm_cluster"]
 def _restore_hydra_singletons(hydra_restore_singletons: None) -> None:
     """Every test starts from Hydra's pristine global state (HydraConfig, ConfigStore): tests that compose
     configs set HydraConfig, which would otherwise leak into Hydra's own launcher suites."""
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ() -> Iterator[None]:
+    """Every test starts from the session's environment: an in-process ``init_distributed`` exports MASTER_PORT and
+    the ranks' variables, which a later subprocess (a sweep submitted through submitit, which exports the
+    submitter's environment) would otherwise inherit as its own rendezvous port."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 # ----------------------------------------------------------------------------------------------- weird paths
