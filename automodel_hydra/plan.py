@@ -231,20 +231,38 @@ def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
     return value if isinstance(value, dict) else {"value": value}
 
 
+#: torchrun's ``--log-dir`` for a job started here: its per-rank error files land under it
+#: (``<run id>_<random>/attempt_<k>/<local rank>/error.json``, torch.distributed.elastic's log layout).
+TORCHRUN_LOG_DIR = "torchrun"
+
+
 def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
-    """The lowest failed rank's exception, ``"rank N: Type: message"``, from ``launch/error.rank<N>`` files a
-    rank wrote at or after ``since`` (epoch s); None when no rank recorded one."""
+    """The lowest failed rank's exception, ``"rank N: Type: message"`` (its first line, at most 500 characters),
+    or None when no rank recorded one at or after ``since`` (epoch s).
+
+    Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
+    ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
+    attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
     found = []
-    for path in job.launch_dir.glob("error.rank*"):
+    candidates = [(0, path, path.name.removeprefix("error.rank").removesuffix(".json"))
+                  for path in job.launch_dir.glob("error.rank*.json")]
+    for path in job.launch_dir.glob(f"{TORCHRUN_LOG_DIR}/*/attempt_*/*/error.json"):
+        attempt = path.parent.parent.name.removeprefix("attempt_")
+        candidates.append((int(attempt) if attempt.isdigit() else 0, path, path.parent.name))
+    for attempt, path, rank in candidates:
         try:
-            if path.stat().st_mtime >= since - 1:
-                found.append((int(path.name.removeprefix("error.rank")), path.read_text().strip()))
-        except (OSError, ValueError):
+            if not rank.isdigit() or path.stat().st_mtime < since - 1:
+                continue
+            message = json.loads(path.read_text())["message"]
+            text = message["message"] if isinstance(message, dict) else message
+        except (OSError, ValueError, KeyError, TypeError):
             continue
+        first = next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+        found.append((-attempt, int(rank), first[:500]))
     if not found:
         return None
-    rank, text = min(found)
-    return f"rank {rank}: {text}"
+    _, rank_n, text = min(found)
+    return f"rank {rank_n}: {text}"
 
 
 def write_record(sub: Submission[tp.Any]) -> Path:

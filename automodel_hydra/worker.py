@@ -38,7 +38,8 @@ log = logging.getLogger("automodel_hydra.worker")
 
 #: ``launch/cancelled``: written by a local cancel (automodel_hydra.backends.interactive) before it signals the ranks.
 CANCELLED_MARK = "cancelled"
-#: ``launch/error.rank<N>``: a failed rank's exception in one line (see :func:`write_rank_error`).
+#: ``launch/error.rank<N>.json``: a failed rank's exception where no torchrun agent named an error file for it
+#: (Slurm's srun ranks, a rank started by hand); see :func:`error_file`.
 RANK_ERROR_PREFIX = "error.rank"
 
 #: Exit code of a rank that stopped early on a signal and was not requeued (128 + SIGTERM, as a shell reports it).
@@ -217,6 +218,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         stop_when_parent_dies()
     env = DistEnv.from_environ()
     setup_logging(env.rank, log_file)
+    os.environ.setdefault("TORCHELASTIC_ERROR_FILE", str(error_file(Path(job_file).parent, env.rank)))
     action, why = EXIT, ""
     try:
         raw = OmegaConf.load(job_file)
@@ -236,10 +238,9 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
                 usr2, term, preempted = _agree([usr2, stop.terminated, preempted], dist_env)
                 action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
                                          requeues_left=in_slurm and requeues_left())
-    except Exception as e:
+    except Exception:
         log.exception("rank %d failed", env.rank)
-        write_rank_error(Path(job_file).parent, env.rank, e)
-        raise
+        raise  # torch's ``record`` (main) writes it to this rank's error file
     if result.get("stopped_early"):
         if action == REQUEUE:
             if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
@@ -259,14 +260,15 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     return result
 
 
-def write_rank_error(launch_dir: Path, rank: int, error: BaseException) -> None:
-    """``launch/error.rank<N>``: this rank's exception as one line (``Type: message``), which the launching
-    command quotes as its last line (:func:`automodel_hydra.plan.rank_error`). Never fails the rank further."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    try:
-        (launch_dir / f"{RANK_ERROR_PREFIX}{rank}").write_text(f"{type(error).__name__}: {first}"[:500] + "\n")
-    except OSError:
-        pass
+def error_file(launch_dir: Path, rank: int) -> Path:
+    """Where a rank that no torchrun agent started records its exception: ``launch/error.rank<N>.json``.
+
+    torch's ``record`` (torch.distributed.elastic.multiprocessing.errors, wrapped around :func:`run` by
+    :func:`main`) writes a failed rank's exception, traceback and time to ``$TORCHELASTIC_ERROR_FILE``. torchrun
+    names that file for each of its ranks (under its ``--log-dir``; it fills its "Root Cause" summary from it);
+    srun's ranks get this one. Either way the launching command quotes the lowest failed rank's exception as its
+    last line (:func:`automodel_hydra.plan.rank_error`)."""
+    return launch_dir / f"{RANK_ERROR_PREFIX}{rank}.json"
 
 
 def write_result(path: Path, result: dict[str, tp.Any]) -> None:
@@ -287,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     try:
-        record(run)(args.job_file, args.log_file, stop)  # torchrun prints this rank's traceback in its summary
+        # an exception is written to this rank's error file (see error_file): torchrun's "Root Cause" and our
+        # last line both come from it
+        record(run)(args.job_file, args.log_file, stop)
     finally:
         # skip the interpreter's final collection of torch/transformers objects (~1 s per rank at exit, more
         # under load): a rank stopped by Slurm has KillWait seconds (default 30) from SIGTERM to SIGKILL

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
 import subprocess
+import sys
+import time
 
 import pytest
 
 from automodel_hydra.backends.interactive import free_port, resolve_nproc
+from automodel_hydra.plan import JobSpec, rank_error
 from automodel_hydra.states import JobState
 from tests.helpers import broken_model_dir, metrics, train_py
 
@@ -43,6 +49,21 @@ def test_failing_rank_fails_the_command_and_shows_its_error(tmp_path) -> None:
     # the command's last line quotes the failing rank's own exception, not only torchrun's exit code
     assert last.startswith("error: ") and "ended FAILED" in last and "rank " in last and "no-such-architecture" in last
     assert not (tmp_path / "R" / "result.json").exists()
+    # torchrun's Root Cause names the rank and its exception from the rank's error file, under the job's launch/
+    root_cause = proc.stdout[proc.stdout.index("Root Cause"):]
+    assert "error_file: <N/A>" not in root_cause and "no-such-architecture" in root_cause
+    assert str(tmp_path / "R" / "launch" / "torchrun") in root_cause
+
+    # a rank no torchrun started (as srun starts them) records its exception in launch/error.rank<N>.json
+    launch = tmp_path / "R" / "launch"
+    shutil.rmtree(launch / "torchrun")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK", "WORLD_SIZE"))}
+    by_hand = subprocess.run([sys.executable, "-m", "automodel_hydra.worker", str(launch / "job.yaml")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert by_hand.returncode != 0
+    assert json.loads((launch / "error.rank0.json").read_text())["message"]["message"].startswith("ValueError: ")
+    quoted = rank_error(JobSpec(job_dir=tmp_path / "R", job_name="train")) or ""
+    assert quoted.startswith("rank 0: ValueError: ") and "no-such-architecture" in quoted and "\n" not in quoted
 
 
 @pytest.mark.slow
@@ -116,3 +137,22 @@ def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(
     finally:
         os.killpg(bystander.pid, 9)
         bystander.wait()
+
+
+def test_rank_error_quotes_the_lowest_rank_of_the_newest_attempt(tmp_path) -> None:
+    job = JobSpec(job_dir=tmp_path, job_name="train")
+
+    def error(path, message: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": "..."}}}))
+
+    assert rank_error(job) is None
+    run = job.launch_dir / "torchrun" / "none_abc"
+    error(run / "attempt_0" / "0" / "error.json", "RuntimeError: first attempt")
+    error(run / "attempt_1" / "3" / "error.json", "ValueError: Size mismatch\nfor layer 0")
+    error(run / "attempt_1" / "1" / "error.json", "KeyError: 'x'")
+    assert rank_error(job) == "rank 1: KeyError: 'x'"  # the restart that ended the job, its lowest rank
+    error(job.launch_dir / "error.rank2.json", "ValueError: Size mismatch\nmore")
+    shutil.rmtree(job.launch_dir / "torchrun")
+    assert rank_error(job) == "rank 2: ValueError: Size mismatch"  # first line only
+    assert rank_error(job, since=time.time() + 60) is None  # files of an earlier run are not this run's

@@ -4,7 +4,8 @@
 per job; a sweep's jobs run side by side on disjoint devices (``CUDA_VISIBLE_DEVICES`` on GPUs, CPU affinity and
 ``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous port, at most ``interactive.max_parallel`` at once.
 
-Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``lock`` (held by the job's processes while they run:
+Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``torchrun/`` (torchrun's ``--log-dir``: a failed
+rank's error file), ``lock`` (held by the job's processes while they run:
 a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output in
 a sweep, where jobs run side by side) and ``cancelled`` (written by a cancel: torchrun itself exits 1 on SIGTERM, so
 the mark is what tells a cancelled job from a failed one).
@@ -34,6 +35,7 @@ from automodel_hydra.plan import (
     Batch,
     JobResult,
     JobSpec,
+    TORCHRUN_LOG_DIR,
     Plan,
     Submission,
     rank_error,
@@ -325,7 +327,9 @@ class Interactive(Backend[Request, LocalRef]):
         worker = worker_argv(job, python=sys.executable)
         prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                    f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d"]
+                    f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d",
+                    # each rank's error file (torch's `record`) lands here: torchrun's Root Cause and our last line
+                    f"--log-dir={job.launch_dir / TORCHRUN_LOG_DIR}"]
         # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
         tail = ["--no-python", *prefix, *worker] if prefix else worker[2:]
         lines = [
