@@ -243,7 +243,7 @@ def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
     Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
     ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
     attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
-    found = []
+    found: list[tuple[int, int, str]] = []
     candidates = [(0, path, path.name.removeprefix("error.rank").removesuffix(".json"))
                   for path in job.launch_dir.glob("error.rank*.json")]
     for path in job.launch_dir.glob(f"{TORCHRUN_LOG_DIR}/*/attempt_*/*/error.json"):
@@ -254,15 +254,15 @@ def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
             if not rank.isdigit() or path.stat().st_mtime < since - 1:
                 continue
             message = json.loads(path.read_text())["message"]
-            text = message["message"] if isinstance(message, dict) else message
+            text = str(message["message"] if isinstance(message, dict) else message)
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        first = next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         found.append((-attempt, int(rank), first[:500]))
     if not found:
         return None
-    _, rank_n, text = min(found)
-    return f"rank {rank_n}: {text}"
+    _, rank_n, first = min(found)
+    return f"rank {rank_n}: {first}"
 
 
 def write_record(sub: Submission[tp.Any]) -> Path:

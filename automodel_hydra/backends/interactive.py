@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from automodel_hydra.plan import (
+    TORCHRUN_LOG_DIR,
     Backend,
     Batch,
     JobResult,
     JobSpec,
-    TORCHRUN_LOG_DIR,
     Plan,
     Submission,
     rank_error,
