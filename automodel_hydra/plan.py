@@ -247,8 +247,8 @@ def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
     candidates = [(0, path, path.name.removeprefix("error.rank").removesuffix(".json"))
                   for path in job.launch_dir.glob("error.rank*.json")]
     for path in job.launch_dir.glob(f"{TORCHRUN_LOG_DIR}/*/attempt_*/*/error.json"):
-        attempt = path.parent.parent.name.removeprefix("attempt_")
-        candidates.append((int(attempt) if attempt.isdigit() else 0, path, path.parent.name))
+        n = path.parent.parent.name.removeprefix("attempt_")
+        candidates.append((int(n) if n.isdigit() else 0, path, path.parent.name))
     for attempt, path, rank in candidates:
         try:
             if not rank.isdigit() or path.stat().st_mtime < since - 1:
