@@ -262,6 +262,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = []
     for rec, info in zip(records, backend_states(records)):
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
+                     # the scheduler's name for it (sbatch --job-name, SkyPilot's task name; locally Hydra's)
+                     "name": rec.get("job_name") or "-",
                      "job_ids": rec.get("job_ids") or [], "state": info.state.value,
                      "note": _note(info.state, info.reason),
                      "job_dir": rec["job_dir"]})
@@ -271,13 +273,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.text import Text  # plain text, never markup: overrides may hold "[...]"
 
     table = _table(f"{root}: {len(rows)} job(s)", shared)
-    for name in ("job", "overrides", "backend", "id", "state"):
+    columns = ("job", "overrides", "backend", "name", "id", "state")
+    for name in columns:
         table.add_column(name, no_wrap=name != "overrides", justify="right" if name == "job" else "left")
     if any(r["note"] for r in rows):
         table.add_column("note")
     for r in rows:
-        cells = [str(r["job"]), varying[r["job"]], r["backend"], ",".join(r["job_ids"]) or "-"]
-        notes = [r["note"]] if len(table.columns) > 5 else []
+        cells = [str(r["job"]), varying[r["job"]], r["backend"], r["name"], ",".join(r["job_ids"]) or "-"]
+        notes = [r["note"]] if len(table.columns) > len(columns) else []
         state = JobState(r["state"])
         table.add_row(*map(Text, cells), Text(state.value, style=_STYLE.get(state, "")), *map(Text, notes))
     _console().print(table)
@@ -295,7 +298,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise CliError(f"{root} has {len(records)} jobs; name one: automodel-hydra logs {root} JOB "
                        f"(JOB in {', '.join(str(job_num(r)) for r in records)})")
     rec = records[0]
-    path = Path(rec.get("log_path") or Path(rec["job_dir"]) / f"{rec['job_name']}.log")
+    path = Path(rec.get("log_path") or Path(rec["job_dir"]) / f"{rec.get('log_name', 'train')}.log")
     return follow(path, rec, follow_=not args.no_follow, poll_s=args.poll)
 
 

@@ -100,6 +100,8 @@ class Plan(tp.Generic[RequestT]):
     wait: bool = True
     #: options of the whole launch that jobs must share to be submitted together (e.g. array parallelism)
     group_key: tp.Hashable = None
+    #: the name the scheduler knows the job by (sbatch ``--job-name``, SkyPilot's task name); None: Hydra's job name
+    name: str | None = None
 
 
 def render_files(files: tp.Mapping[Path, str]) -> str:
@@ -142,7 +144,8 @@ class Submission(tp.Generic[RefT]):
             "backend": self.plan.backend,
             "ref": ref,
             "job_ids": self.ids,
-            "job_name": self.plan.job.job_name,
+            "job_name": self.plan.name or self.plan.job.job_name,  # as squeue / sky queue show it
+            "log_name": self.plan.job.job_name,  # Hydra's job name: the job log is <job_dir>/<log_name>.log
             "job_num": self.plan.job.job_num,
             "overrides": list(self.plan.job.overrides),
             "job_dir": str(self.plan.job.job_dir),

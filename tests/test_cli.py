@@ -181,7 +181,7 @@ def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypa
     fakes = {"slurm": fake(broken), "interactive": fake(answers)}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
     jobs = [{"backend": b, "job_ids": [f"{i}7"], "job_num": i, "overrides": [f"seed={i}"],
-             "job_dir": str(tmp_path / str(i)), "job_name": "train", "log_path": None}
+             "job_dir": str(tmp_path / str(i)), "job_name": f"name{i}", "log_path": None}
             for i, b in enumerate(["slurm", "interactive", "interactive"])]
     (tmp_path / "launch").mkdir()
     (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
@@ -189,8 +189,10 @@ def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypa
     rows = json.loads(capsys.readouterr().out)
     assert [(r["state"], r["job_ids"]) for r in rows] == [("UNKNOWN", ["07"]), ("RUNNING", ["17"]), ("RUNNING", ["27"])]
     assert "Problem talking to the database" in rows[0]["note"] and calls == [2]
+    assert [r["name"] for r in rows] == ["name0", "name1", "name2"]  # the recorded job name (sbatch --job-name)
     assert cli.main(["status", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("UNKNOWN") == 1
+    table = capsys.readouterr().out
+    assert table.count("UNKNOWN") == 1 and "name2" in table
 
 
 def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -111,6 +111,7 @@ def test_spot_job_is_a_managed_job_launch_with_the_planned_task_and_secret_in_me
     assert sub.ids == ["7"] and sub.log_path == "sky jobs logs 7"
     record = json.loads((plan.job.launch_dir / "submission.json").read_text())
     assert (record["backend"], record["job_ids"]) == ("skypilot", ["7"])
+    assert record["job_name"] == task.name == kwargs["name"]  # the name `sky jobs queue` shows
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and TOKEN in p.read_text(errors="replace")]
     assert leaks == [] and TOKEN not in capsys.readouterr().out
 
@@ -122,6 +123,7 @@ def test_on_demand_job_launches_a_named_cluster_that_stops_itself(sdk, tmp_path:
     (task,), kwargs = sdk.launch.call_args
     assert kwargs == {"cluster_name": "dev", "idle_minutes_to_autostop": 10, "down": False}  # the defaults
     assert task.run == plan.request.task["run"] and not plan.wait
+    assert json.loads((plan.job.launch_dir / "submission.json").read_text())["job_name"] == task.name
     sdk.jobs.launch.assert_not_called()
     assert sub.ids == ["dev:3"] and sub.log_path == "sky logs dev 3"
     kept_up = plan_job(tmp_path, ["skypilot.use_spot=false", "skypilot.idle_minutes_to_autostop=null",

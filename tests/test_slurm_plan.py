@@ -29,6 +29,8 @@ from automodel_hydra.states import JobState
 from tests.helpers import ROOT, compose_cfg
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_2nodes.txt"
+#: Set to record a missing golden file (the test still fails, so the new record is read before it is trusted).
+RECORD_VAR = "AUTOMODEL_HYDRA_RECORD_GOLDEN"
 JOB = JobSpec(job_dir=Path("/scratch/runs/2026-01-01/00-00-00"), job_name="train",
               project_root=Path("/src/automodel-hydra"))
 GOLDEN_OVERRIDES = [
@@ -69,16 +71,20 @@ def directives(text: str) -> dict[str, str]:
 def test_golden_sbatch_2nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
     text = script(GOLDEN_OVERRIDES)
-    if not GOLDEN.exists():
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
-        pytest.fail(f"recorded {GOLDEN}; check it by eye and rerun")
+    rel = f"{GOLDEN.relative_to(ROOT)}"
+    if not GOLDEN.exists():  # a missing record fails; it is written only when asked for
+        if os.environ.get(RECORD_VAR):
+            GOLDEN.write_text(text)
+            pytest.fail(f"recorded {rel}: read it, then rerun without {RECORD_VAR}")
+        pytest.fail(f"{rel} is missing. Record it with {RECORD_VAR}=1 pytest {Path(__file__).relative_to(ROOT)} "
+                    "-k golden_sbatch, read it, and commit it")
     expected = GOLDEN.read_text()
     if text != expected:
         diff = "\n".join(difflib.unified_diff(expected.splitlines(), text.splitlines(), "recorded", "planned",
                                               lineterm=""))
-        pytest.fail(f"the planned script differs from {GOLDEN}:\n{diff}\n\nIf the change is intended, regenerate "
-                    f"the record: rm {GOLDEN.relative_to(ROOT)} && pytest {Path(__file__).relative_to(ROOT)}")
+        pytest.fail(f"the planned script differs from {rel}:\n{diff}\n\nIf the change is intended, regenerate "
+                    f"the record: rm {rel} && {RECORD_VAR}=1 pytest {Path(__file__).relative_to(ROOT)} "
+                    "-k golden_sbatch")
 
 
 def test_golden_options() -> None:
@@ -460,6 +466,28 @@ def test_single_job_reference(fake_slurm: Path) -> None:
     assert sub.ids == ["42"] and backend.ref_from_record(sub.record()).job_id == "42"
     assert sub.log_path == f"{fake_slurm}/run/slurm/42_0_log.out"
     assert plan.wait is False  # a single run returns at once unless slurm.wait
+
+
+@pytest.mark.parametrize("overrides, name", [
+    ([], "llm_finetune"), (["slurm.job_name=squad ft"], "squad ft"),
+    (["++slurm.sbatch_args.job-name=from_args"], "from_args"),  # sbatch_args come last: their name wins
+])
+def test_recorded_job_name_is_the_one_sbatch_was_given(fake_slurm: Path, overrides: list[str], name: str) -> None:
+    backend = slurm.Slurm()
+    single = backend.plan(load(overrides, fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))
+    (batch,) = backend.batches([single], None)
+    write(batch)
+    (sub,) = backend.submit(batch)
+    assert directives((fake_slurm / "submitted.sh").read_text())["job-name"].strip('"') == name
+    assert sub.record()["job_name"] == name and sub.record()["log_name"] == "train"
+    # a sweep: every task of the array has the array's name
+    plans = [backend.plan(load(overrides, fake_slurm / "s" / str(i)), JobSpec(fake_slurm / "s" / str(i), "train",
+                                                                             job_num=i)) for i in range(2)]
+    (batch,) = backend.batches(plans, fake_slurm / "s")
+    write(batch)
+    subs = backend.submit(batch)
+    assert directives((fake_slurm / "submitted.sh").read_text())["job-name"].strip('"') == name
+    assert [s.record()["job_name"] for s in subs] == [name, name]
 
 
 def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> None:

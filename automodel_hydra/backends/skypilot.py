@@ -458,7 +458,7 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
              # !r, so a newline in the job name cannot end the comment and add YAML keys
              NODE_JOB_FILE: f"# {job.job_name!r} on the SkyPilot nodes: launch/job.yaml with node paths, mounted at "
                             f"{job_file}\n" + yaml.safe_dump(node, sort_keys=False)}
-    return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None)
+    return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None, name=key)  # the task's name
 
 
 def _bucket(sc: SkyPilotConfig, facts: Facts) -> str | None:

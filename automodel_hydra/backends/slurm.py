@@ -542,7 +542,9 @@ class Slurm(Backend[Request, SlurmRef]):
         assert cfg.slurm is not None
         request = _plan_request(cfg, job)
         wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
-        return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request)
+        return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request,
+                    # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
+                    name=str(dict(request.sbatch).get("job-name", SCRIPT)))
 
     def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
         """A single run is its own batch; a sweep group is one job array per MaxArraySize tasks, its script in
