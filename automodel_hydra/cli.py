@@ -168,8 +168,14 @@ def _console() -> tp.Any:
     return Console() if sys.stdout.isatty() else Console(width=1000)
 
 
-def _ids(record: Record) -> str:
-    return ",".join(map(str, record.get("job_ids") or [])) or "-"
+def job_ids(record: Record) -> list[str]:
+    """The job's ids: the record's, or (a local job, whose pid is written just after its record) its reference's."""
+    ids = [str(i) for i in record.get("job_ids") or []]
+    if not ids and record.get("backend") == "interactive":
+        from automodel_hydra import backends
+
+        ids = list(getattr(backends.get("interactive").ref_from_record(record), "ids", None) or [])
+    return ids
 
 
 def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
@@ -264,7 +270,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
                      # the scheduler's name for it (sbatch --job-name, SkyPilot's task name; locally Hydra's)
                      "name": rec.get("job_name") or "-",
-                     "job_ids": rec.get("job_ids") or [], "state": info.state.value,
+                     "job_ids": job_ids(rec), "state": info.state.value,
                      "note": _note(info.state, info.reason),
                      "job_dir": rec["job_dir"]})
     if args.json:
@@ -341,12 +347,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     for rec in select(load_records(resolve_dir(args.dir)), args.job):
         state, _ = job_state(rec)
-        what = f"job {job_num(rec)} ({rec['backend']} {_ids(rec)})"
+        impl = backends.get(rec["backend"])
+        ref = impl.ref_from_record(rec)
+        what = f"job {job_num(rec)} ({rec['backend']} {','.join(job_ids(rec)) or '-'})"
         if state.final:
             print(f"{what}: already {state.value}, nothing to cancel")
             continue
-        impl = backends.get(rec["backend"])
-        impl.cancel([impl.ref_from_record(rec)])
+        impl.cancel([ref])
         print(f"{what}: was {state.value}, cancel requested")
     return 0
 

@@ -35,10 +35,12 @@ from automodel_hydra.plan import (
     JobFailedError,
     JobResult,
     JobSpec,
+    JobStoppedError,
     Plan,
     PreflightError,
     Submission,
     render_files,
+    stop_line,
     write_record,
 )
 from automodel_hydra.schema import ConfigError
@@ -77,10 +79,19 @@ class Outcome:
     sub: Submission[tp.Any] | None = None
     result: JobResult | None = None
 
+    @property
+    def name(self) -> str:
+        """``<backend> job <ids>`` (the job dir before anything was submitted)."""
+        ids = ",".join(self.sub.ids) if self.sub is not None else ""
+        return f"{self.prepared.cfg.backend} job {ids or self.prepared.job.job_dir}"
+
     def value(self) -> tp.Any:
         """The job's final loss for Hydra's sweeper (None when not waited for). Raises JobFailedError otherwise."""
         if self.result is None or self.sub is None:
             return None if self.sub is None else {"job_ids": self.sub.ids, "job_dir": str(self.prepared.job.job_dir)}
+        if self.result.state is JobState.CANCELLED:  # someone stopped it: a stop line, not an error
+            raise JobStoppedError(stop_line([f"{self.name} (cancelled)"], [], self.prepared.job.job_dir,
+                                            checkpoint_note([self.prepared])))
         if not self.result.ok:
             raise JobFailedError(f"{self.sub.plan.backend} job {','.join(self.sub.ids) or self.prepared.job.job_dir}"
                                  f" ended {self.result.state.value}: {self.result.error or ''} "
@@ -208,8 +219,8 @@ class Stopped(Exception):
 
 def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
                   sweep_dir: Path | None) -> str:
-    from automodel_hydra.checkpoint import find_latest
-
+    """The stop line (:func:`automodel_hydra.plan.stop_line`) after Ctrl-C while waiting: local jobs were stopped
+    with a checkpoint; Slurm and SkyPilot jobs keep running (only the waiting stopped)."""
     where = sweep_dir or outcomes[0].prepared.job.job_dir
     running: list[Outcome] = []
     stopped: list[Outcome] = []
@@ -223,17 +234,25 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
         except Exception:
             state = JobState.UNKNOWN
         (stopped if name == "interactive" or state.final else running).append(o)
-    parts = []
-    if stopped:
-        latest = [find_latest(o.prepared.cfg.checkpoint_dir) for o in stopped if o.prepared.cfg.bundled]
-        ckpt = next((str(p) for p in latest if p is not None), None)
-        parts.append(f"stopped {len(stopped)} local job(s) with a checkpoint"
-                     + (f" (newest: {ckpt})" if ckpt else ""))
-    if running:
-        ids = ",".join(i for o in running if o.sub is not None for i in o.sub.ids)
-        parts.append(f"{len(running)} {running[0].prepared.cfg.backend} job(s) keep running ({ids}): "
-                     f"cancel with automodel-hydra cancel {where}")
-    return "; ".join(parts) or f"stopped waiting (state: automodel-hydra status {where})"
+    what = [f"{o.name} (Ctrl-C)" for o in stopped] or ["waiting (Ctrl-C)"]
+    return stop_line(what, [o.name for o in running], where, checkpoint_note([o.prepared for o in stopped + running]))
+
+
+def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
+    """Where the newest checkpoint of stopped ``jobs`` is, for a stop line: ``newest checkpoint: PATH`` (the
+    newest complete one of the bundled recipe's checkpoint dir), else where to look."""
+    from automodel_hydra.checkpoint import find_latest
+
+    if not jobs:
+        return "no checkpoint"
+    if any(p.cfg.skypilot is not None for p in jobs):
+        return "checkpoints: in the job's bucket or on its cluster (launch/sky_task.yaml, file_mounts)"
+    if not all(p.cfg.bundled for p in jobs):
+        return "checkpoints: where the recipe's checkpoint section puts them"
+    if len(jobs) > 1:
+        return f"checkpoints: each job's own ({checkpoint_path(jobs[0])}, ...)"
+    latest = find_latest(checkpoint_path(jobs[0]))
+    return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {checkpoint_path(jobs[0])}"
 
 
 def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
@@ -460,6 +479,9 @@ def run(cfg: DictConfig) -> tp.Any:
         raise SystemExit(1) from None
     try:
         return outcome.value()
+    except JobStoppedError as e:  # cancelled from elsewhere: a stop, the same line and status as Ctrl-C's
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     except JobFailedError as e:  # the job's own output above says the rest
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

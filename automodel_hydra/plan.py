@@ -172,6 +172,25 @@ class JobFailedError(RuntimeError):
     """A launched job ended in a state other than COMPLETED; the message has its state, ids and log path."""
 
 
+class JobStoppedError(JobFailedError):
+    """A waited-for job ended CANCELLED: someone stopped it (``automodel-hydra cancel``, ``scancel``, ``sky
+    cancel``), which is not a failure. The message is the stop line's text (:func:`stop_line`)."""
+
+
+def stop_line(stopped: tp.Sequence[str], running: tp.Sequence[str], where: Path | str, checkpoint: str) -> str:
+    """The one line every stop ends with, for every launcher and every way of stopping (Ctrl-C, ``cancel`` from
+    another shell, ``scancel``); the command prints it after ``stopped: `` (never ``error:``: a stop is no error).
+
+    ``stopped``: what stopped, e.g. ``["interactive job 6324 (cancelled)"]``; ``running``: what keeps running,
+    e.g. ``["slurm job 42"]`` (then the line names the command that cancels it, for the run or sweep dir
+    ``where``); ``checkpoint``: where the newest checkpoint is. Parts are joined with ``"; "``."""
+    parts = [", ".join(stopped)] if stopped else []
+    if running:
+        verb = "keeps" if len(running) == 1 else "keep"
+        parts.append(f"{', '.join(running)} {verb} running: cancel with automodel-hydra cancel {where}")
+    return "; ".join([*parts, checkpoint])
+
+
 class PreflightError(RuntimeError):
     """This machine cannot submit the planned jobs (a tool, a file or a variable is missing); one line saying
     what is missing and how to fix it."""

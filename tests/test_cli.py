@@ -140,6 +140,10 @@ def test_cancel_really_stops_a_running_interactive_job(tmp_path: Path) -> None:
         outputs = [(tmp_path / "driver.out").read_text(), *(
             (sweep / str(j) / "launch" / "torchrun.out").read_text() for j in (0, 1))]
         assert not [o for o in outputs if "Traceback" in o]
+        # each cancelled job ends with a stop line, not an error
+        assert driver.returncode == 130 and "error:" not in outputs[0]
+        assert sorted(line.split(" (")[0] for line in outputs[0].splitlines() if line.startswith("stopped: ")) == [
+            f"stopped: interactive job {pid}" for pid in sorted(pids)]
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -469,3 +473,56 @@ def test_slurm_states_come_from_sacct_and_cancel_really_cancels(slurm_cluster: t
     assert states(sweep) == {0: "COMPLETED", 1: "FAILED"}
     assert [slurm_cluster.sacct_state(j["job_ids"][0], timeout=30) for j in jobs] == ["COMPLETED", "FAILED"]
     assert "step 4/4" in cli_out("logs", str(sweep), "0", "--no-follow")
+
+
+# ----------------------------------------------------------------------------------------------- stop lines
+
+
+def _outcome(launcher: str, job_dir: Path, state: JobState) -> tp.Any:
+    from automodel_hydra import config, driver
+    from automodel_hydra.plan import JobResult, JobSpec, Plan, Submission
+    from tests.helpers import compose_cfg
+
+    cfg = config.load(compose_cfg([f"launcher={launcher}"], job_dir))
+    job = JobSpec(job_dir=job_dir, job_name="train")
+    sub = Submission(Plan(launcher, job, {}, None), types.SimpleNamespace(ids=["42"]))
+    return driver.Outcome(driver.Prepared(cfg, job, False), sub, JobResult(state, error="torchrun exited with 0"))
+
+
+@pytest.mark.parametrize("launcher", ["interactive", "slurm", "skypilot"])
+def test_a_cancelled_job_ends_with_one_stop_line_of_one_format(launcher: str, tmp_path: Path) -> None:
+    """``automodel-hydra cancel`` (or scancel, sky cancel) from another shell: the waiting command's last line is a
+    stop, not an error: what was stopped and where the checkpoint is, in the format a Ctrl-C stop uses."""
+    from automodel_hydra.plan import JobFailedError, JobStoppedError
+
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "step-20").mkdir(parents=True)
+    (ckpt / "step-20" / ".metadata").write_text("{}")
+    (ckpt / "latest").write_text("step-20\n")
+    with pytest.raises(JobStoppedError) as stopped:
+        _outcome(launcher, tmp_path, JobState.CANCELLED).value()
+    line = str(stopped.value)
+    assert line.startswith(f"{launcher} job 42 (cancelled); ") and "\n" not in line and "exited" not in line
+    if launcher == "skypilot":  # the checkpoints are on the cloud, not here
+        assert line.endswith("checkpoints: in the job's bucket or on its cluster (launch/sky_task.yaml, file_mounts)")
+    else:
+        assert line.endswith(f"newest checkpoint: {ckpt / 'step-20'}")
+    with pytest.raises(JobFailedError) as failed:  # a failure stays an error
+        _outcome(launcher, tmp_path, JobState.FAILED).value()
+    assert not isinstance(failed.value, JobStoppedError)
+
+
+def test_ctrl_c_stop_line_names_what_keeps_running_and_how_to_cancel_it(tmp_path: Path) -> None:
+    from automodel_hydra import driver
+    from automodel_hydra.states import StateInfo
+
+    running = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.RUNNING)] * len(refs))
+    local = _outcome("interactive", tmp_path / "L", JobState.RUNNING)
+    local.result = None
+    assert driver._stop_summary([local], {"interactive": running}, None) == (
+        f"interactive job 42 (Ctrl-C); no checkpoint yet in {tmp_path / 'L' / 'checkpoints'}")
+    remote = _outcome("slurm", tmp_path / "S", JobState.RUNNING)
+    remote.result = None
+    assert driver._stop_summary([remote], {"slurm": running}, None) == (
+        f"waiting (Ctrl-C); slurm job 42 keeps running: cancel with automodel-hydra cancel {tmp_path / 'S'}; "
+        f"no checkpoint yet in {tmp_path / 'S' / 'checkpoints'}")

@@ -227,30 +227,26 @@ def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int) -> 
     results: dict[int, JobResult] = {}
     last: dict[int, str] = {}
     failures = 0
-    try:
-        while len(results) < len(subs):
-            pending = [i for i in range(len(subs)) if i not in results]
-            try:
-                raw, failures = raw_states([subs[i].ref for i in pending]), 0
-            except Exception as e:  # API server unreachable, cluster already torn down, ...
-                raw, failures = [], failures + 1
-                log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
-                if failures >= retries:
-                    results.update({i: JobResult(JobState.UNKNOWN, error=f"cannot query SkyPilot: {e}; logs: "
-                                                 f"{subs[i].log_path}") for i in pending})
-            for i, name in zip(pending, raw):
-                s, state = subs[i], JobState(STATE.get(name, "UNKNOWN"))
-                if last.get(i) != name:
-                    log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
-                    last[i] = name
-                if state is JobState.COMPLETED:
-                    results[i] = JobResult(state, _fetch_result(s.ref) or {"sky_status": name})
-                elif state.final:
-                    results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
-            if len(results) < len(subs):
-                time.sleep(poll_s)
-    except KeyboardInterrupt:
-        log.warning("stopped waiting; the jobs go on. Cancel: %s", "; ".join(s.ref.cli("cancel") for s in subs))
-        raise
+    while len(results) < len(subs):
+        pending = [i for i in range(len(subs)) if i not in results]
+        try:
+            raw, failures = raw_states([subs[i].ref for i in pending]), 0
+        except Exception as e:  # API server unreachable, cluster already torn down, ...
+            raw, failures = [], failures + 1
+            log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
+            if failures >= retries:
+                results.update({i: JobResult(JobState.UNKNOWN, error=f"cannot query SkyPilot: {e}; logs: "
+                                             f"{subs[i].log_path}") for i in pending})
+        for i, name in zip(pending, raw):
+            s, state = subs[i], JobState(STATE.get(name, "UNKNOWN"))
+            if last.get(i) != name:
+                log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
+                last[i] = name
+            if state is JobState.COMPLETED:
+                results[i] = JobResult(state, _fetch_result(s.ref) or {"sky_status": name})
+            elif state.final:
+                results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
+        if len(results) < len(subs):
+            time.sleep(poll_s)
     return [results[i] for i in range(len(subs))]
 

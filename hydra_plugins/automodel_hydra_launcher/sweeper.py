@@ -134,13 +134,14 @@ class AutomodelSweeper(Sweeper):
             returns.append(results)
             failed = [r for r in results if r.status == JobStatus.FAILED]
             if failed and not validate:  # our launcher's jobs: one line per failed job, no traceback
-                from automodel_hydra.plan import JobFailedError
+                from automodel_hydra.plan import JobFailedError, JobStoppedError
 
                 errors = [_failure(r) for r in failed]
                 if all(isinstance(e, JobFailedError) for e in errors):
-                    for e in errors:
-                        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-                    raise SystemExit(1)
+                    for e in errors:  # a cancelled job's line is a stop, not an error
+                        kind = "stopped" if isinstance(e, JobStoppedError) else "error"
+                        print(f"{kind}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+                    raise SystemExit(130 if all(isinstance(e, JobStoppedError) for e in errors) else 1)
             for r in results:
                 _ = r.return_value  # raises the job's exception when it failed
         return returns
