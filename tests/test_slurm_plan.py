@@ -135,7 +135,7 @@ def test_container_flags_and_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "--container-image=nvcr.io/nvidia/nemo:dev" in srun
     mounts = srun.split("--container-mounts=")[1].split()[0].split(",")
-    assert mounts == ["/lustre/hf:/lustre/hf", "/src/automodel-hydra:/opt/automodel", "/usr:/data", "/etc:/cfg",
+    assert mounts == ['"$HF_HOME:$HF_HOME"', "/src/automodel-hydra:/opt/automodel", "/usr:/data", "/etc:/cfg",
                       f"{JOB.job_dir}:{JOB.job_dir}"]
     assert f"--container-workdir={JOB.job_dir}" in srun
     assert " python -u -m automodel_hydra.worker" in srun and "/host/venv" not in srun
@@ -268,6 +268,68 @@ def test_port_differs_between_jobs_and_agrees_within_one(standins: Path, tmp_pat
         ports[job_id] = seen["tasks"][0][3]
         assert f"rendezvous at node1:{ports[job_id]}" in seen["stderr"]  # the chosen port is logged
     assert ports == {1001: 13742 + 1, 1002: 13742 + 2}
+
+
+@pytest.mark.parametrize("container", [True, False])
+def test_hf_home_under_home_is_the_nodes_home_exported_to_the_ranks_and_mounted(standins: Path, tmp_path: Path,
+                                                                               container: bool) -> None:
+    """AutoModel's default ``hf_home: ~/.cache/huggingface``: the job user's home where the job runs (not the
+    submitting host's), exported as HF_HOME, created by the job, and mounted at that path in a container."""
+    image = ["slurm.container_image=nvcr.io/nvidia/nemo:dev"] if container else []
+    cfg = load([*image, "slurm.hf_home='~/.cache/huggingface'"], tmp_path / "run")
+    slurm.Slurm().preflight([cfg])  # a cache dir that does not exist yet is no reason to refuse
+    home = tmp_path / "node-home"
+    text = slurm.Slurm().plan(cfg, JOB).files["sbatch.sh"]
+    seen = run_script(text, standins, tmp_path, HOME=str(home))
+    assert seen["env"]["HF_HOME"] == f"{home}/.cache/huggingface"
+    mounts = [a for a in seen["argv"] if a.startswith("--container-mounts=")]
+    if container:
+        assert (home / ".cache" / "huggingface").is_dir()
+        assert mounts[0].split("=", 1)[1].split(",")[0] == f"{home}/.cache/huggingface:{home}/.cache/huggingface"
+    else:
+        assert mounts == []
+
+
+def test_hf_home_is_mounted_where_env_vars_moved_it(standins: Path, tmp_path: Path) -> None:
+    text = script(["slurm.container_image=img", "slurm.hf_home=/lustre/hf",
+                   f"++slurm.env_vars.HF_HOME={tmp_path}/hf"])
+    seen = run_script(text, standins, tmp_path)
+    assert seen["env"]["HF_HOME"] == f"{tmp_path}/hf" and (tmp_path / "hf").is_dir()
+    assert f"--container-mounts={tmp_path}/hf:{tmp_path}/hf," in " ".join(seen["argv"])
+
+
+@pytest.mark.parametrize("value, why", [("hf", "absolute path"), ("/lustre/a:b", "without ','"),
+                                        ("~user/hf", "absolute path")])
+def test_hf_home_that_cannot_be_exported_or_mounted_is_refused(value: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=rf"slurm.hf_home.*{why}"):
+        load([f"slurm.hf_home='{value}'"])
+
+
+def _automodel_plan(tmp_path: Path, **slurm_fields: tp.Any) -> Plan[slurm.Request]:
+    """A job of a recipe other than the bundled one (an AutoModel file's ``slurm:`` section)."""
+    cfg = config.load({"output_dir": str(tmp_path), "recipe": "my_pkg.train:main",
+                       "slurm": {"ntasks_per_node": 2, **slurm_fields}})
+    return slurm.Slurm().plan(cfg, JobSpec(tmp_path, "train"))
+
+
+def test_an_automodel_recipe_gets_automodels_template_settings(standins: Path, tmp_path: Path) -> None:
+    """AutoModel's sbatch template fixed --mail-type=FAIL and three variables; its files keep them (each can be
+    changed), the bundled recipe does without (docs/slurm.md, "AutoModel's template")."""
+    text = _automodel_plan(tmp_path).files["sbatch.sh"]
+    assert directives(text)["mail-type"] == "FAIL"
+    env = run_script(text, standins, tmp_path, nodes=1)["env"]
+    assert (env["CUDA_DEVICE_MAX_CONNECTIONS"], env["TORCH_NCCL_AVOID_RECORD_STREAMS"],
+            env["NCCL_NVLS_ENABLE"]) == ("1", "1", "0")
+    assert "--mpi=pmix" not in text  # srun's MPI plugin stays the cluster's default (MpiDefault)
+    # the submitting shell's value and an env_vars entry win; sbatch_args drop or change the mail
+    changed = _automodel_plan(tmp_path, env_vars={"NCCL_NVLS_ENABLE": "1"},
+                              sbatch_args={"mail-type": False}).files["sbatch.sh"]
+    assert "mail-type" not in directives(changed)
+    env = run_script(changed, standins, tmp_path, nodes=1, CUDA_DEVICE_MAX_CONNECTIONS="8")["env"]
+    assert (env["CUDA_DEVICE_MAX_CONNECTIONS"], env["NCCL_NVLS_ENABLE"]) == ("8", "1")
+    bundled = script()
+    assert "mail-type" not in directives(bundled)
+    assert not [v for v in slurm.AUTOMODEL_TASK_ENV if v in bundled]
 
 
 def test_port_taken_on_the_master_moves_up(standins: Path, tmp_path: Path) -> None:

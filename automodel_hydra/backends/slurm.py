@@ -47,6 +47,7 @@ from pathlib import Path
 
 from automodel_hydra.backends.slurm_script import (
     SRUN_EXPORT_ARGS,
+    ShellWord,
     parse_job_id,
     pattern_literal,
     render_sbatch,
@@ -85,6 +86,19 @@ _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv 
 #: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
 AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
                                          "sbatch_args": {"exclusive": None}}
+#: What NeMo AutoModel's sbatch template fixed for every job, kept for a recipe other than the bundled one (an
+#: AutoModel file runs with the settings its recipes were developed under); each can be changed (docs/slurm.md,
+#: "AutoModel's template"). Environment: task defaults (the submitting shell's value or an ``env_vars`` entry
+#: wins): one CUDA work queue per device (``CUDA_DEVICE_MAX_CONNECTIONS=1``, which tensor- and sequence-parallel
+#: communication overlap relies on to order its kernels), no ``recordStream`` on NCCL collectives' tensors
+#: (``TORCH_NCCL_AVOID_RECORD_STREAMS=1``: their memory is freed when the collective ends, not when the caching
+#: allocator next syncs) and NVLink SHARP off (``NCCL_NVLS_ENABLE=0``: NVLS needs CUDA multicast/IMEX, which
+#: containers often lack, and reserves extra GPU memory).
+AUTOMODEL_TASK_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+                      "NCCL_NVLS_ENABLE": "0"}
+#: AutoModel's ``#SBATCH --mail-type=FAIL`` (mail to the submitting user when the job fails), kept likewise;
+#: ``slurm.sbatch_args: {mail-type: false}`` leaves it out, ``{mail-user: ...}`` sets the address.
+AUTOMODEL_SBATCH = {"mail-type": "FAIL"}
 #: AutoModel's token fields of ``slurm:`` -> the variable the job gets (a reference, never a value in the script).
 TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
@@ -189,7 +203,9 @@ class SlurmConfig:
     # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
     # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
     nemo_mount: tp.Any = None
-    # Hugging Face cache: exported as HF_HOME and mounted into the container
+    # Hugging Face cache (AutoModel's hf_home): exported as HF_HOME on the ranks, created by the job when missing,
+    # and mounted at the same path when a container is used; "~/..." is the job user's home on the nodes. null = no
+    # HF_HOME from here (the submitting shell's, else Hugging Face's own default ~/.cache/huggingface)
     hf_home: tp.Optional[str] = None
     # VolumeMapping {source, dest} or "src:dst"
     extra_mounts: tp.List[tp.Any] = field(default_factory=list)
@@ -259,6 +275,12 @@ class SlurmConfig:
         for key, value in lines.items():
             option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
             one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
+        if self.hf_home is not None:
+            home = self.hf_home == "~" or self.hf_home.startswith("~/")
+            require(home or self.hf_home.startswith("/"), "slurm.hf_home", self.hf_home,
+                    "an absolute path, or one under ~/ (the job user's home on the nodes)")
+            require("," not in self.hf_home and ":" not in self.hf_home, "slurm.hf_home", self.hf_home,
+                    "a path without ',' or ':' (srun --container-mounts cannot express them)")
         if self.nemo_mount is not None and self.nemo_volume is None:
             require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
                     "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
@@ -301,7 +323,8 @@ class Request:
     array_parallelism: int
     setup: tuple[str, ...]  # script lines before srun, after the job-dir line
     container_image: str | None
-    mounts: tuple[str, ...]  # "src:dst" for --container-mounts, besides the output dirs
+    mounts: tuple[str, ...]  # "src:dst" for --container-mounts, besides the output dirs and HF_HOME
+    mount_hf_home: bool  # mount "$HF_HOME" (set by the script) at the same path in the container
     srun_args: tuple[str, ...]
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
@@ -326,9 +349,10 @@ def _sh(arg: str) -> str:
     return f'"${JOB_DIR_VAR}"'.join(shlex.quote(p) if p or len(parts) == 1 else "" for p in parts)
 
 
-def _directives(sc: SlurmConfig) -> tuple[tuple[str, object], ...]:
+def _directives(sc: SlurmConfig, automodel: bool = False) -> tuple[tuple[str, object], ...]:
     """``cfg.slurm`` as sbatch options (sbatch(1) long names), in the order they are written; unset ones left out.
-    ``sbatch_args`` come last and may add any option (null = a bare flag, false = left out)."""
+    ``automodel``: add :data:`AUTOMODEL_SBATCH`. ``sbatch_args`` come last and may add or change any option (null =
+    a bare flag, false = left out)."""
     gpus = sc.ntasks_per_node if sc.gpus_per_node is None else sc.gpus_per_node
     options: dict[str, object | None] = {
         "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
@@ -340,11 +364,21 @@ def _directives(sc: SlurmConfig) -> tuple[tuple[str, object], ...]:
         # say --no-requeue, or the cluster's JobRequeue=1 default requeues it anyway (slurm.conf(5))
         "requeue": True if sc.max_requeues > 0 else None, "no-requeue": True if sc.max_requeues == 0 else None,
         "open-mode": "append",  # a requeued job appends to its log instead of truncating it
+        **(AUTOMODEL_SBATCH if automodel else {}),
     }
     for key, value in sc.sbatch_args.items():
         name = str(key).lstrip("-").replace("_", "-")
         options[name] = None if value is False else True if value is None else value
     return tuple((k, v) for k, v in options.items() if v is not None and v != "")
+
+
+def node_path(path: str) -> str:
+    """``path`` for bash on the nodes: ``~`` and ``~/...`` become the job user's ``"$HOME"`` there (as an unquoted
+    ``~`` in AutoModel's ``export HF_HOME=~/...`` does), anything else is quoted as it is."""
+    if path == "~" or path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"' + (f"/{shlex.quote(rest)}" if rest else "")
+    return shlex.quote(path)
 
 
 def _mount(source: str, dest: str, key: str) -> str:
@@ -395,8 +429,11 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                         f"twice in slurm.time={sc.time}")
     if job.env:
         setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
+    if not cfg.bundled:
+        setup += ["# AutoModel's template settings (the submitting shell's value or slurm.env_vars wins)",
+                  *[f'export {k}="${{{k}:-{v}}}"' for k, v in AUTOMODEL_TASK_ENV.items()]]
     if hf_home:
-        setup.append(f"export HF_HOME={shlex.quote(hf_home)}")
+        setup.append(f"export HF_HOME={node_path(hf_home)}  # slurm.hf_home")
     env = parse_env_vars(sc.env_vars, "slurm.env_vars")
     for key, name in TOKEN_FIELDS.items():
         value = getattr(sc, key)
@@ -416,8 +453,6 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     spec = JobSpec(Path(_JOB_DIR), job.job_name)  # the job's paths inside the script
     mounts = []
     if in_container:
-        if hf_home:
-            mounts.append(_mount(hf_home, hf_home, "slurm.hf_home"))
         if volume is not None:
             mounts += [_mount(volume.source, volume.dest, "slurm.nemo_mount"),
                        _mount(str(job.project_root), PROJECT_MOUNT, "slurm.nemo_mount")]
@@ -427,14 +462,17 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
     if sc.setup:
         setup += ["# slurm.setup", *sc.setup]
+    if in_container and hf_home:  # mounted at srun: the source must exist (env_vars or setup may have moved it)
+        setup.append('mkdir -p "$HF_HOME"')
     if job.workdir is not None:
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
     if sc.chdir is not None:
         setup.append(f"cd {shlex.quote(sc.chdir)}  # slurm.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
-    return Request(sbatch=_directives(sc), array_parallelism=sc.array_parallelism, setup=tuple(setup),
-                   container_image=sc.container_image, mounts=tuple(mounts), srun_args=tuple(sc.srun_args),
+    return Request(sbatch=_directives(sc, automodel=not cfg.bundled), array_parallelism=sc.array_parallelism,
+                   setup=tuple(setup), container_image=sc.container_image, mounts=tuple(mounts),
+                   mount_hf_home=in_container and bool(hf_home), srun_args=tuple(sc.srun_args),
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
@@ -460,8 +498,10 @@ def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -
         select = [f"export {JOB_DIR_VAR}={shlex.quote(str(job_dirs[0]))}"]
     srun = ["--unbuffered", f"--output={output}", "--kill-on-bad-exit=1", *SRUN_EXPORT_ARGS]
     if request.container_image:
-        mounts = [*request.mounts, _mount(str(root), str(root), "output dir")]
-        srun += [f"--container-image={request.container_image}", f"--container-mounts={','.join(mounts)}",
+        mounts = ",".join([*request.mounts, _mount(str(root), str(root), "output dir")])
+        srun += [f"--container-image={request.container_image}",
+                 ShellWord(f'--container-mounts="$HF_HOME:$HF_HOME",{shlex.quote(mounts)}') if request.mount_hf_home
+                 else f"--container-mounts={mounts}",
                  f"--container-workdir={root}"]
     srun += request.srun_args
     setup = [request.setup[0], *select, *request.setup[1:]]
@@ -512,8 +552,8 @@ class Slurm(Backend[Request, SlurmRef]):
             if sc.container_image is None:  # bare metal: the ranks see this host's filesystem
                 for problem in host_problems(cfg):
                     raise problem
-            sources = [("slurm.hf_home", sc.hf_home)] if sc.container_image and sc.hf_home else []
-            sources += [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
+            # (slurm.hf_home is created by the job itself: a cache dir need not exist before the first download)
+            sources = [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
             if sc.nemo_volume is not None:
                 sources.append(("slurm.nemo_mount.source", sc.nemo_volume.source))
             for key, source in sources:

@@ -31,6 +31,13 @@ SRUN_EXPORT_ARGS: tuple[str, ...] = ("--export=ALL",)
 #: anywhere in the name turns every pattern off and is dropped, so the file would land in another directory.
 PATTERN_OPTIONS = frozenset({"output", "error", "input"})
 
+
+
+class ShellWord(str):
+    """An srun argument already quoted for bash by its caller, written into the ``srun`` line as it is (so that it
+    may refer to the batch step's variables, e.g. ``--container-mounts="$HF_HOME:$HF_HOME",...``)."""
+
+
 _OPTION = re.compile(r"[a-z][a-z0-9-]*\Z")
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")  # written as is: nothing sbatch's parser treats specially
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -51,7 +58,7 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
     setup
         bash lines run by the batch step before srun (``export ...``, ``module load ...``).
     srun_args
-        srun's own arguments, each quoted for bash.
+        srun's own arguments, each quoted for bash (a :class:`ShellWord` is written as it is).
     command
         what every task runs: a bash command line, written as given (the caller quotes it).
 
@@ -80,7 +87,7 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
         seen.add(name)
         lines.append(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={directive_value(name, value)}")
     _check_srun_patterns(srun_args)
-    srun = " ".join(["srun", *(shlex.quote(str(a)) for a in srun_args), command])
+    srun = " ".join(["srun", *(a if isinstance(a, ShellWord) else shlex.quote(str(a)) for a in srun_args), command])
     return "\n".join([*lines, "", "# setup", *setup, "", "# command", srun, ""])
 
 
