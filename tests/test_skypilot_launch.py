@@ -311,6 +311,41 @@ def test_real_sdk_launch_that_fails_stops_the_api_server_it_started(tmp_path: Pa
     assert sky_servers(port) == []
 
 
+BUSY = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobSpec
+    job = JobSpec(job_dir=Path(sys.argv[1]), job_name="train")
+    job.launch_dir.mkdir(parents=True)
+    job.record_file.write_text(json.dumps({"backend": "skypilot", "job_ids": ["7"], "job_dir": sys.argv[1],
+                                           "ref": {"job_id": "7", "cluster": None}}))
+    driver.refuse_if_busy(job)  # the job's state cannot be known without a server: not refused
+    print("not refused")
+""")
+
+
+@pytest.mark.slow
+def test_busy_dir_check_of_a_skypilot_record_starts_no_api_server(tmp_path: Path) -> None:
+    """A rerun in a dir that holds a SkyPilot job's record asks for that job's state, but never starts SkyPilot's
+    API server to do so (the SDK would, ~1 GB in 8 processes, left running)."""
+    home, port = tmp_path / "home", free_port(47000 + os.getpid() % 2000)
+    home.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}, "HOME": str(home),
+           "SKYPILOT_API_SERVER_LOCAL_PORT": str(port), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", BUSY, str(tmp_path / "R")], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "not refused" in proc.stdout, proc.stderr[-3000:]
+    assert not (home / ".sky" / "api_server").exists() and sky_servers(port) == []
+
+
+def test_states_without_a_running_local_api_server_are_unknown_and_say_how_to_start_it(sdk) -> None:
+    sdk.api_info.side_effect = ConnectionError("Connection refused")
+    (info,) = skypilot.SkyPilot().states([skypilot.SkyRef("5", None)])
+    assert info.state is JobState.UNKNOWN and "sky api start" in info.reason
+    sdk.get.assert_not_called()  # no request that would start a server
+
+
 # ------------------------------------------------------------------------------------ the run script, for real
 
 

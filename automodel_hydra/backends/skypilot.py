@@ -605,8 +605,14 @@ class SkyPilot(Backend[Request, SkyRef]):
         return skypilot_sdk.wait(subs, POLL_S if poll_s is None else poll_s, retries)
 
     def states(self, refs: tp.Sequence[SkyRef]) -> list[StateInfo]:
+        """Each job's state from SkyPilot. Never starts SkyPilot's API server (its SDK starts a local one, ~1 GB in
+        8 processes left running, on the first request): when the local server is down, every state is UNKNOWN
+        and says how to start it (the busy-dir check and ``automodel-hydra status`` ask this)."""
         from automodel_hydra.backends import skypilot_sdk
 
+        if skypilot_sdk.local_server_down(skypilot_sdk.sky_module()):
+            why = "SkyPilot's API server is not running here; start it with `sky api start` and ask again"
+            return [StateInfo(JobState.UNKNOWN, why) for _ in refs]
         return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in skypilot_sdk.raw_states(refs)]
 
     def cancel(self, refs: tp.Sequence[SkyRef]) -> None:

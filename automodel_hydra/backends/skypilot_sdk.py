@@ -107,6 +107,12 @@ def _api_server_up(sky: tp.Any) -> bool:
     return True
 
 
+def local_server_down(sky: tp.Any) -> bool:
+    """Whether the SDK would start a local API server on its next request: the server is local and does not answer
+    (neither check starts one)."""
+    return _api_server_is_local(sky) and not _api_server_up(sky)
+
+
 def cloud_problem(sky: tp.Any, cloud: str | None) -> str | None:
     """None when SkyPilot has credentials for ``cloud`` on this machine (for any cloud it knows, when None), else
     one line naming the cause and ``sky check``. Asks each cloud what ``sky check`` asks it
