@@ -230,3 +230,15 @@ class TestHydraLauncherSuiteOnTheCluster(LauncherTestSuite):
                          ids=["slurm-cluster"])
 class TestHydraIntegrationSuiteOnTheCluster(IntegrationTestSuite):
     pass
+
+
+@pytest.mark.slow  # runs train.py
+def test_launcher_options_for_foreign_functions_are_refused_for_ours(tmp_path: Path) -> None:
+    """train.py's jobs route by launcher=... and their own sections; hydra.launcher.backend would be ignored."""
+    from tests.helpers import train_py
+
+    proc = train_py("-m", "hydra.launcher.backend=slurm", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'S'}",
+                    check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "error: hydra.launcher.backend is set: " in proc.stdout and "launcher=slurm" in proc.stdout
+    assert not (tmp_path / "S" / "launch").exists()
