@@ -175,9 +175,12 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     outcomes = [Outcome(p) for p in jobs]
     batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir), idx)
                for name, idx in by_backend.items()]
-    for p in jobs:  # the rank-side spec; the plan files come with the batches
+    for p in jobs:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
-        p.job.job_file.write_text(yaml.safe_dump(config.rank_spec(p.cfg), sort_keys=False))
+        if p.job.call is not None:
+            p.job.call_file.write_bytes(p.job.call)
+        else:
+            p.job.job_file.write_text(yaml.safe_dump(config.rank_spec(p.cfg), sort_keys=False))
     for _, groups, _ in batches:
         for batch in groups:
             for path, text in batch.files.items():

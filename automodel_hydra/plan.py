@@ -39,6 +39,12 @@ RESULT_FILE = "result.json"
 #: The job's submission record, and a sweep's list of them.
 RECORD_FILE = "submission.json"
 MANIFEST_FILE = "manifest.json"
+#: A call job's pickled Hydra call (``launch/call.pkl``) and the pickled JobReturn its process writes back: as
+#: ``call_result.pkl`` when the task function returned (its presence means "completed", as ``result.json``'s does),
+#: as ``call_error.pkl`` when it raised.
+CALL_FILE = "call.pkl"
+CALL_RESULT_FILE = "call_result.pkl"
+CALL_ERROR_FILE = "call_error.pkl"
 
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
@@ -49,7 +55,12 @@ class JobSpec:
     """One Hydra job: where it lives, how its ranks find their config, and what Hydra asks of its environment.
 
     All paths are absolute. ``env`` is Hydra's ``hydra.job.env_set`` (every rank gets it); ``workdir`` is where
-    ranks start (the job dir under ``hydra.job.chdir=true``, else the launching dir)."""
+    ranks start (the job dir under ``hydra.job.chdir=true``, else the launching dir).
+
+    Two kinds of job: a *recipe* job (``call`` is None), whose ranks run :mod:`automodel_hydra.worker` on
+    ``launch/job.yaml``; and a *call* job, one process that runs a Hydra task function not declared
+    ``@launchable`` (any Hydra app): ``call`` is the pickled call (:mod:`automodel_hydra.call`), written as
+    ``launch/call.pkl``; Hydra's own ``run_job`` in that process applies ``env_set`` and ``chdir`` itself."""
 
     job_dir: Path
     job_name: str
@@ -58,10 +69,17 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     workdir: Path | None = None
     project_root: Path = Path(__file__).resolve().parents[1]
+    #: a call job's pickled Hydra call (bytes of ``launch/call.pkl``); None for a recipe job
+    call: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def launch_dir(self) -> Path:
         return self.job_dir / "launch"
+
+    @property
+    def call_file(self) -> Path:
+        """A call job's pickled call (``launch/call.pkl``)."""
+        return self.launch_dir / CALL_FILE
 
     @property
     def job_file(self) -> Path:
@@ -75,7 +93,14 @@ class JobSpec:
 
     @property
     def result_file(self) -> Path:
-        return self.job_dir / RESULT_FILE
+        """What a job writes when it ends with a result: rank 0's ``result.json`` in the job dir; for a call job
+        its process's pickled JobReturn (``launch/call_result.pkl``), written when the task function returned."""
+        return self.launch_dir / CALL_RESULT_FILE if self.call is not None else self.job_dir / RESULT_FILE
+
+    @property
+    def call_error_file(self) -> Path:
+        """A call job's pickled JobReturn when its task function raised (``launch/call_error.pkl``)."""
+        return self.launch_dir / CALL_ERROR_FILE
 
     @property
     def record_file(self) -> Path:
@@ -85,6 +110,11 @@ class JobSpec:
 def worker_argv(job: JobSpec, python: str = "python") -> list[str]:
     """The command every rank runs: ``python -u -m automodel_hydra.worker <job.yaml> --log-file <log>``."""
     return [python, "-u", "-m", "automodel_hydra.worker", str(job.job_file), "--log-file", str(job.log_file)]
+
+
+def call_argv(job: JobSpec, python: str = "python") -> list[str]:
+    """The command of a call job's one process: ``python -u -m automodel_hydra.call <launch/call.pkl>``."""
+    return [python, "-u", "-m", "automodel_hydra.call", str(job.call_file)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +275,11 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
 
 
 def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
-    """Rank 0's final metrics (``result.json``), or None when the job has not completed."""
+    """Rank 0's final metrics (``result.json``), or None when the job has not completed. For a call job:
+    ``{"call_result": <path of launch/call_result.pkl>}`` once its process wrote it (the JobReturn inside is
+    unpickled by the launcher, which knows the task function's modules), else None."""
+    if job.call is not None:
+        return {"call_result": str(job.result_file)} if job.result_file.exists() else None
     try:
         value = json.loads(job.result_file.read_text())
     except (OSError, ValueError):

@@ -42,3 +42,4 @@ def weird_path(tmp_path: Path) -> Path:
     path = tmp_path / WEIRD_NAME
     path.mkdir()
     return path
+

@@ -1,14 +1,16 @@
 """Interactive backend: torchrun on this node (``python train.py``).
 
-``plan`` writes ``launch/torchrun.sh``: the exact command, runnable by hand. ``submit`` starts one torchrun group
-per job; a sweep's jobs run side by side on disjoint devices (``CUDA_VISIBLE_DEVICES`` on GPUs, CPU affinity and
-``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous port, at most ``interactive.max_parallel`` at once.
+``plan`` writes ``launch/torchrun.sh``: the exact command, runnable by hand (a call job, one process running a
+Hydra task function that is not ours: ``launch/call.sh``, see :mod:`automodel_hydra.call`). ``submit`` starts one
+torchrun group per job; a sweep's jobs run side by side on disjoint devices (``CUDA_VISIBLE_DEVICES`` on GPUs, CPU
+affinity and ``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous port, at most
+``interactive.max_parallel`` at once.
 
 Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``torchrun/`` (torchrun's ``--log-dir``: a failed
 rank's error file), ``lock`` (held by the job's processes while they run:
 a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output in
-a sweep, where jobs run side by side) and ``cancelled`` (written by a cancel: torchrun itself exits 1 on SIGTERM, so
-the mark is what tells a cancelled job from a failed one).
+a sweep, where jobs run side by side; ``call.out`` for call jobs) and ``cancelled`` (written by a cancel: torchrun
+itself exits 1 on SIGTERM, so the mark is what tells a cancelled job from a failed one).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from automodel_hydra.plan import (
+    CALL_RESULT_FILE,
+    RESULT_FILE,
     TORCHRUN_LOG_DIR,
     Backend,
     Batch,
@@ -38,6 +42,7 @@ from automodel_hydra.plan import (
     JobSpec,
     Plan,
     Submission,
+    call_argv,
     rank_error,
     read_result,
     worker_argv,
@@ -52,6 +57,7 @@ if tp.TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCRIPT = "torchrun.sh"
+CALL_SCRIPT = "call.sh"
 CANCELLED_MARK = "cancelled"
 LOCK = "lock"
 
@@ -252,11 +258,15 @@ class _Scheduler:
         elif packed:
             env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.request.nproc))
             preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
-        log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
-                 plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
-                 f", devices {devices}" if packed else "")
-        out = open(plan.job.launch_dir / "torchrun.out", "ab") if self.quiet else None  # noqa: SIM115
-        proc = subprocess.Popen(["bash", str(plan.job.launch_dir / SCRIPT)], env=env, stdout=out, stderr=out,
+        if plan.job.call is not None:
+            log.info("job %s: one process%s", plan.job.job_num or 0, f", devices {devices}" if packed else "")
+        else:
+            log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
+                     plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
+                     f", devices {devices}" if packed else "")
+        script = _script(plan)
+        out = open(plan.job.launch_dir / _out_name(plan), "ab") if self.quiet else None  # noqa: SIM115
+        proc = subprocess.Popen(["bash", str(plan.job.launch_dir / script)], env=env, stdout=out, stderr=out,
                                 start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
                                 cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
@@ -276,18 +286,29 @@ class _Scheduler:
 
 
 
+def _script(plan: Plan[Request]) -> str:
+    """The plan's script: ``torchrun.sh``, or ``call.sh`` for a call job."""
+    return CALL_SCRIPT if plan.job.call is not None else SCRIPT
+
+
+def _out_name(plan: Plan[Request]) -> str:
+    """Where a packed job's own output goes (``torchrun.out``, ``call.out``)."""
+    return _script(plan).replace(".sh", ".out")
+
+
 def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResult:
     value = read_result(plan.job)
     if returncode == 0 and value is not None and plan.job.result_file.stat().st_mtime >= started_at - 1:
         return JobResult(JobState.COMPLETED, value)
     tail = ""
-    out = plan.job.launch_dir / "torchrun.out"
+    out = plan.job.launch_dir / _out_name(plan)
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
     cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
     why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
-    return JobResult(state, error=f"{why + '; ' if why else ''}torchrun exited with {returncode} "
+    what = "the call's process" if plan.job.call is not None else "torchrun"
+    return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
                                   f"(job dir {plan.job.job_dir}){tail}")
 
 
@@ -320,7 +341,10 @@ class Interactive(Backend[Request, LocalRef]):
         return resolve_nproc(cfg.interactive.nproc_per_node, gpus, len(cpus))
 
     def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
-        """torchrun argv for ``cfg.interactive`` as a bash script (pure, given the devices preflight counted)."""
+        """torchrun argv for ``cfg.interactive`` as a bash script (pure, given the devices preflight counted); for
+        a call job, one process (:meth:`plan_call`)."""
+        if job.call is not None:
+            return self.plan_call(cfg, job)
         ic = cfg.interactive
         gpus, cpus = self._devices()
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
@@ -353,6 +377,27 @@ class Interactive(Backend[Request, LocalRef]):
         request = Request(nproc, ic.master_port, ic.max_parallel, gpus > 0, job.env,
                           str(job.workdir) if job.workdir else None)
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
+
+    def plan_call(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+        """A call job: ``launch/call.sh`` runs one process (no torchrun, no rendezvous) with this project on
+        PYTHONPATH. In a sweep it gets one device slot like a 1-worker job (a GPU, else a CPU core), so calls run
+        side by side, at most ``interactive.max_parallel`` at once. ``env_set`` and ``chdir`` are applied by
+        Hydra's ``run_job`` in that process, so the script sets neither."""
+        ic = cfg.interactive
+        gpus, _ = self._devices()
+        lines = [
+            "#!/usr/bin/env bash",
+            f"# {job.job_name!r}: one process running the Hydra job's task function (launch/{job.call_file.name}). "
+            "Planned by automodel-hydra.",
+            "set -euo pipefail",
+            f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export PYTHONUNBUFFERED=1",
+            "exec " + shlex.join(call_argv(job, python=sys.executable)),
+            "",
+        ]
+        request = Request(1, None, ic.max_parallel, gpus > 0, (), None)
+        return Plan(self.name, job, {CALL_SCRIPT: "\n".join(lines)}, request, wait=True,
+                    group_key=(ic.max_parallel,))
 
     def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
         """All jobs in one batch: they are packed onto this node's devices together."""
@@ -464,9 +509,9 @@ def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
     CANCELLED/FAILED; PENDING while a sweep's queue holds it."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
-    result = job_dir / "result.json"
-    if result.exists() and result.stat().st_mtime >= started_at - 1:
-        return JobState.COMPLETED
+    for result in (job_dir / RESULT_FILE, job_dir / "launch" / CALL_RESULT_FILE):  # a recipe's, a call's
+        if result.exists() and result.stat().st_mtime >= started_at - 1:
+            return JobState.COMPLETED
     if (job_dir / "launch" / CANCELLED_MARK).exists():
         return JobState.CANCELLED
     return JobState.FAILED if _pid(job_dir) is not None else JobState.PENDING

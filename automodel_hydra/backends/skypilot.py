@@ -57,6 +57,11 @@ TASK_FILE = "sky_task.yaml"
 NODE_JOB_FILE = "job.sky.yaml"
 #: Node 0 prints ``<RESULT_MARK><result.json on one line>`` after training (read back by :func:`wait`).
 RESULT_MARK = "automodel-result: "
+#: Why a Hydra task function that is not ours (a call job, automodel_hydra.call) does not run on SkyPilot.
+CALL_REFUSAL = ("a task function not declared @automodel_hydra.driver.launchable runs on interactive or slurm only: "
+                "on a SkyPilot node its Hydra job dir (.hydra/, its log, every file it writes) would be on the "
+                "cloud node, not in the sweep dir here, and its own modules and Python packages are not there; "
+                "use hydra.launcher.backend=interactive|slurm, or declare the function @launchable")
 #: Seconds between status polls in :func:`wait`.
 POLL_S = 15.0
 #: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> the product's state names
@@ -558,7 +563,11 @@ class SkyPilot(Backend[Request, SkyRef]):
         return sc.num_nodes * sc.nproc
 
     def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
-        """:func:`make_plan` with the facts :meth:`preflight` read (SkyPilot's schema check is :meth:`check`)."""
+        """:func:`make_plan` with the facts :meth:`preflight` read (SkyPilot's schema check is :meth:`check`).
+
+        A call job (a Hydra task function that is not ours) is refused: :data:`CALL_REFUSAL` says why."""
+        if job.call is not None:
+            raise ConfigError("hydra.launcher.backend", "skypilot", CALL_REFUSAL)
         if self.facts is None:
             raise RuntimeError("SkyPilot.preflight(cfgs) must run before plan: planning reads no machine")
         return make_plan(cfg, job, self.facts)

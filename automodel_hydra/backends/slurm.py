@@ -17,6 +17,12 @@ What each srun task runs: the plain worker command, ``python -u -m automodel_hyd
 Rank 0 writes ``<job dir>/result.json`` (atomically) and :meth:`Slurm.wait` reads it once the job's state is
 COMPLETED.
 
+A call job (a Hydra task function that is not ours, :mod:`automodel_hydra.call`) is planned by the same code and
+rendered by the same renderer: the script runs one task (``srun --ntasks=1``) of ``python -u -m
+automodel_hydra.call "$AUTOMODEL_JOB_DIR"/launch/call.pkl``, without the rendezvous, the task defaults
+(``OMP_NUM_THREADS``, ``NCCL_DEBUG``) or the time-limit signal (``--signal=USR2``: the function has no handler for
+it, and USR2's default action would kill it before its time is up); its result is ``launch/call_result.pkl``.
+
 Files: ``launch/sbatch.sh`` in a job dir is that job's own script (``sbatch`` it to rerun the job alone); a sweep
 submits ``<sweep dir>/launch/sbatch.sh``, the array whose task i runs ``job_dirs[i]``. Logs:
 ``slurm/<id>_<rank>_log.out`` in the job dir (arrays: ``slurm/<array id>_<task>_<rank>_log.out`` in the sweep dir).
@@ -63,6 +69,7 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    call_argv,
     rank_error,
     read_result,
     worker_argv,
@@ -103,6 +110,10 @@ AUTOMODEL_SBATCH = {"mail-type": "FAIL"}
 TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
 PROJECT_MOUNT = "/opt/automodel-hydra"
+#: The Slurm options of a call job (a Hydra task function that is not ours, ``hydra.launcher.slurm``) where they
+#: differ from :class:`SlurmConfig`'s: one task on one node, no GPU unless asked, and ``job_name: ""`` = the Hydra
+#: job's name.
+CALL_DEFAULTS: dict[str, tp.Any] = {"job_name": "", "ntasks_per_node": 1, "gpus_per_node": 0}
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 #: Defaults every task gets; the submitting shell's value or an ``env_vars`` entry wins.
@@ -404,11 +415,16 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     else:
         pythonpath = f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}"
     margin = sc.checkpoint_margin_s
+    call = job.call is not None
     setup = [
+        f"# {sc.job_name}: one task running the Hydra job's task function (launch/call.pkl); planned by "
+        "automodel-hydra" if call else
         f"# {sc.job_name}: {sc.nodes} node(s) x {sc.ntasks_per_node} task(s) = world size {sc.world_size}; "
         "planned by automodel-hydra",
         pythonpath,
         "export PYTHONUNBUFFERED=1",
+    ]
+    rendezvous = [
         f"export AUTOMODEL_MAX_REQUEUES={sc.max_requeues}  # requeues after the time-limit warning",
         "# rendezvous: the first host of the allocation, and a port per job, the same for all its tasks:",
         f"# slurm.master_port + job id % {PORT_SPAN}, moved up by {PORT_SPAN} while taken on the master",
@@ -424,7 +440,9 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
         "# task defaults (the submitting shell's value or slurm.env_vars wins)",
         *[f'export {k}="${{{k}:-{v}}}"' for k, v in TASK_DEFAULTS.items()],
     ]
-    if margin != sc.signal_delay_s:
+    if not call:
+        setup += rendezvous
+    if margin != sc.signal_delay_s and not call:
         setup.insert(4, f"# checkpoint margin {margin}s: slurm.signal_delay_s={sc.signal_delay_s}s does not fit "
                         f"twice in slurm.time={sc.time}")
     if job.env:
@@ -469,14 +487,17 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if sc.chdir is not None:
         setup.append(f"cd {shlex.quote(sc.chdir)}  # slurm.chdir")
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
-    command = " ".join(_sh(a) for a in [*prefix, *worker_argv(spec, python=python)])
-    return Request(sbatch=_directives(sc, automodel=not cfg.bundled), array_parallelism=sc.array_parallelism,
-                   setup=tuple(setup), container_image=sc.container_image, mounts=tuple(mounts),
-                   mount_hf_home=in_container and bool(hf_home), srun_args=tuple(sc.srun_args),
+    argv = call_argv(spec, python=python) if call else worker_argv(spec, python=python)
+    command = " ".join(_sh(a) for a in [*prefix, *argv])
+    directives = tuple((k, v) for k, v in _directives(sc, automodel=not cfg.bundled) if not (call and k == "signal"))
+    return Request(sbatch=directives, array_parallelism=sc.array_parallelism, setup=tuple(setup),
+                   container_image=sc.container_image, mounts=tuple(mounts),
+                   mount_hf_home=in_container and bool(hf_home),
+                   srun_args=(*(("--ntasks=1",) if call else ()), *sc.srun_args),
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), ntasks=sc.world_size)
+                       if getattr(sc, k) is None)), ntasks=1 if call else sc.world_size)
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:

@@ -1,8 +1,9 @@
 """``AutomodelLauncher.launch``: the sequence of Hydra's joblib/ray launchers' ``_core``, with planning in place of
 running.
 
-1. The task function must declare the interface we plan through (``automodel_hydra.driver.launchable``); any
-   other task function is refused, naming it — it is never run in this process under a launcher named Slurm.
+1. A task function that declares the interface we plan through (``automodel_hydra.driver.launchable``,
+   ``train.py``'s) is planned as below. Any other task function (any Hydra app) runs each job as a *call job* on
+   the backend ``hydra.launcher.backend`` names (:func:`launch_calls`), never in this process.
 2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
    config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
    function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
@@ -16,13 +17,25 @@ running.
 
 A sweeper may call ``launch`` several times for one sweep (``hydra.sweeper.max_batch_size``); each call adds its
 jobs to the sweep's ``launch/manifest.json``.
+
+Call jobs (:func:`launch_calls`), the way hydra-submitit-launcher runs any task function on Slurm: each job's
+config is composed here as above; its task function, config, Hydra context and Hydra's global state are pickled
+with cloudpickle into ``<job dir>/launch/call.pkl`` (:mod:`automodel_hydra.call`), and ``driver.launch`` plans,
+writes, submits and waits for them like any job (:class:`automodel_hydra.plan.JobSpec` with ``call`` set): one
+process per job (``launch/call.sh`` here; a one-task ``srun`` in ``sbatch.sh`` on Slurm) runs Hydra's own
+``run_job`` there, so ``.hydra/``, the job's log, ``chdir``, ``env_set`` and the callbacks behave as under Hydra's
+basic launcher. The JobReturn that process pickles back is what this launcher returns; a job that died without
+writing one returns FAILED with the backend's account (state, ids, log).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import os
+import time
 import typing as tp
 from pathlib import Path
 
@@ -30,10 +43,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.types import HydraContext
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from automodel_hydra import driver
-from automodel_hydra.plan import JobFailedError
+from automodel_hydra import call, driver
+from automodel_hydra import config as am_config
+from automodel_hydra.plan import JobFailedError, JobSpec
+from automodel_hydra.schema import ConfigError
 
 from ._compose import iter_sweep_configs
 
@@ -57,21 +72,84 @@ class _DeferJobEnd:
         pass
 
 
-def _prepare_function(task_function: tp.Any) -> tp.Callable[[DictConfig], driver.Prepared]:
-    prepare = getattr(task_function, driver.PREPARE_ATTR, None)
-    if prepare is None:
-        name = f"{getattr(task_function, '__module__', '?')}.{getattr(task_function, '__qualname__', task_function)}"
-        raise ValueError(f"hydra/launcher=automodel runs task functions declared with @automodel_hydra.driver."
-                         f"launchable (train.py's main); {name} is not one: decorate it, or pick another launcher "
-                         "(hydra/launcher=basic runs it here, hydra/launcher=submitit_slurm on Slurm)")
-    return tp.cast(tp.Callable[[DictConfig], driver.Prepared], prepare)
+#: The backends a call job runs on, and the launcher options that choose them (``hydra.launcher.<name>``).
+CALL_BACKENDS = ("interactive", "slurm")
+
+
+def _set_call_options(config: DictConfig) -> list[str]:
+    """The ``hydra.launcher.*`` call options set away from their defaults (``["backend", "slurm"]``)."""
+    from .config import AutomodelLauncherConf
+
+    node, defaults = config.hydra.launcher, OmegaConf.structured(AutomodelLauncherConf)
+    changed = ["backend"] if node.get("backend") is not None else []
+    return changed + [name for name in CALL_BACKENDS
+                      if OmegaConf.to_container(node[name], resolve=False) != OmegaConf.to_container(defaults[name])]
+
+
+def call_options(config: DictConfig) -> tuple[str, dict[str, tp.Any]]:
+    """The backend call jobs run on (``hydra.launcher.backend``, null = interactive) and its options
+    (``hydra.launcher.<backend>``, as written: shell references stay for :func:`automodel_hydra.config.load`).
+
+    Raises ConfigError naming the key: an unknown backend; skypilot (the reason: SkyPilot's ``CALL_REFUSAL``);
+    options of another backend than the chosen one; more than one process per job (``slurm.nodes``,
+    ``slurm.ntasks_per_node``, ``interactive.nproc_per_node``)."""
+    node = config.hydra.launcher
+    backend = node.get("backend") or "interactive"
+    if backend == "skypilot":
+        from automodel_hydra.backends.skypilot import CALL_REFUSAL
+
+        raise ConfigError("hydra.launcher.backend", backend, CALL_REFUSAL)
+    if backend not in CALL_BACKENDS:
+        raise ConfigError("hydra.launcher.backend", backend, f"one of {', '.join(CALL_BACKENDS)} (null = interactive)")
+    for other in _set_call_options(config):
+        if other not in ("backend", backend):
+            raise ConfigError(f"hydra.launcher.{other}", "<set>", f"options of the {other} backend, and "
+                              f"hydra.launcher.backend={backend}: set hydra.launcher.backend={other}, or drop them")
+    section = OmegaConf.to_container(node[backend], resolve=False)
+    assert isinstance(section, dict)
+    one = "a task function not declared @launchable runs as one process per job; for a job of many tasks use " \
+          "hydra/launcher=submitit_slurm, or declare the function @automodel_hydra.driver.launchable"
+    if backend == "slurm":
+        for key in ("nodes", "ntasks_per_node"):
+            if section.get(key) != 1:
+                raise ConfigError(f"hydra.launcher.slurm.{key}", section.get(key), f"1: {one}")
+        if not section.get("job_name"):
+            section["job_name"] = str(config.hydra.job.name)
+    elif str(section.get("nproc_per_node")) not in ("auto", "1"):
+        raise ConfigError("hydra.launcher.interactive.nproc_per_node", section.get("nproc_per_node"), f"1: {one}")
+    return backend, {str(k): v for k, v in section.items()}
+
+
+def _call_train_config(backend: str, section: dict[str, tp.Any]) -> am_config.TrainConfig:
+    """The launcher options as the config every backend plans from (its launcher section; no recipe: nothing
+    of the bundled recipe is checked or resumed). ConfigError keys are named as the user wrote them."""
+    try:
+        return am_config.load({backend: section, "checkpoint": {"enabled": False}, "output_dir": "."})
+    except ConfigError as e:
+        raise ConfigError(f"hydra.launcher.{e.key}", e.value, e.valid) from None
+    except driver.USER_ERRORS as e:
+        raise ValueError(f"hydra.launcher: {driver.one_line(e)}") from None
+
+
+def _sweep_job_dir(sweep_config: DictConfig) -> Path:
+    """The job's output dir, as Hydra's ``run_job`` makes it from ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
+    (with the job's HydraConfig set, for ``${hydra:job.num}`` and friends)."""
+    subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
+    return Path(os.path.abspath(os.path.join(str(OmegaConf.select(sweep_config, "hydra.sweep.dir")), subdir)))
 
 
 def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[str]],
            initial_job_idx: int) -> tp.Sequence[JobReturn]:
     setup_globals()
     assert launcher.config is not None and launcher.hydra_context is not None and launcher.task_function is not None
-    prepare = _prepare_function(launcher.task_function)
+    prepare = getattr(launcher.task_function, driver.PREPARE_ATTR, None)
+    if prepare is None:
+        return launch_calls(launcher, job_overrides, initial_job_idx)
+    set_options = _set_call_options(launcher.config)
+    if set_options:
+        driver.fail(f"hydra.launcher.{set_options[0]} is set: hydra.launcher.backend and its options are for task "
+                    "functions not declared @launchable; this one routes each job by its own config (launcher=slurm "
+                    "and slurm.* keys, launcher=skypilot and skypilot.* keys)")
     config, context = launcher.config, launcher.hydra_context
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -123,6 +201,90 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             context.callbacks.on_job_end(config=sweep_config, job_return=ret)
         console()
     return returns
+
+
+def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[str]],
+                 initial_job_idx: int) -> tp.Sequence[JobReturn]:
+    """Run each job of a task function that is not ours as a call job on ``hydra.launcher.backend`` (see the
+    module's docstring); returns the JobReturns the jobs' processes pickled back, in order. A bad launcher option
+    exits with one line (status 2) before anything is written."""
+    assert launcher.config is not None and launcher.hydra_context is not None and launcher.task_function is not None
+    config, context = launcher.config, launcher.hydra_context
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+    try:
+        backend, section = call_options(config)
+        base = _call_train_config(backend, section)
+    except driver.USER_ERRORS as e:
+        driver.fail(driver.one_line(e))
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{getattr(launcher.task_function, '__module__', '?')}." \
+           f"{getattr(launcher.task_function, '__qualname__', launcher.task_function)}"
+    log.info(f"sweep dir: {sweep_dir}: {len(job_overrides)} job(s) of {name} on {backend}, one process each")
+    shared = call.shared_payload(launcher.task_function, context)  # the same for every job: pickled once
+    state = Singleton.get_state()
+    jobs: list[driver.Prepared] = []
+    configs: list[DictConfig] = []
+    composed = iter_sweep_configs(context.config_loader, config, job_overrides)
+    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+        sweep_config = next(composed)
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"automodel_{idx}"
+            sweep_config.hydra.job.num = idx
+        HydraConfig.instance().set_config(sweep_config)
+        job_dir = _sweep_job_dir(sweep_config)
+        job = JobSpec(job_dir=job_dir, job_name=str(sweep_config.hydra.job.name),
+                      overrides=tuple(str(o) for o in sweep_config.hydra.overrides.task), job_num=idx,
+                      call=call.payload(shared, sweep_config))
+        jobs.append(driver.Prepared(dataclasses.replace(base, output_dir=str(job_dir)), job, dry_run=False))
+        configs.append(sweep_config)
+        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+        Singleton.set_state(state)
+    launched = time.time()
+    try:
+        outcomes = driver.launch(jobs, sweep_dir)
+    except driver.Stopped as e:
+        log.error(f"stopped: {e}")
+        raise SystemExit(130) from None
+    except driver.USER_ERRORS as e:
+        driver.fail(driver.one_line(e))
+    return [_call_return(outcome, sweep_config, launched) for outcome, sweep_config in zip(outcomes, configs)]
+
+
+def _call_return(outcome: driver.Outcome, sweep_config: DictConfig, launched: float) -> JobReturn:
+    """The JobReturn a call job's process pickled back (``call_result.pkl``, or ``call_error.pkl`` when its
+    task function raised), or, when it wrote none since ``launched`` (it died, was cancelled, or was not waited
+    for), one made here from the job's config and the backend's account of it."""
+    job = outcome.prepared.job
+    for path in (job.result_file, job.call_error_file):
+        if path.exists() and path.stat().st_mtime >= launched - 1:
+            try:
+                return tp.cast(JobReturn, call.read_job_return(path))
+            except Exception as e:
+                error: Exception = RuntimeError(f"{path}: the job's JobReturn cannot be read here: {e}")
+                break
+    else:
+        error = RuntimeError("no JobReturn")
+    ret = JobReturn()
+    ret.overrides = list(job.overrides)
+    ret.cfg = copy.deepcopy(sweep_config)
+    with read_write(ret.cfg), open_dict(ret.cfg):
+        del ret.cfg["hydra"]
+    ret.hydra_cfg = copy.deepcopy(sweep_config)
+    with read_write(ret.hydra_cfg.hydra.runtime), open_dict(ret.hydra_cfg.hydra.runtime):
+        ret.hydra_cfg.hydra.runtime.output_dir = str(job.job_dir)
+    ret.working_dir = str(job.job_dir) if sweep_config.hydra.job.chdir else os.getcwd()
+    ret.task_name = job.job_name
+    try:
+        value = outcome.value()
+    except JobFailedError as e:
+        ret.status, ret.return_value = JobStatus.FAILED, e
+        return ret
+    if outcome.result is not None:  # completed, yet its JobReturn is missing or unreadable
+        ret.status, ret.return_value = JobStatus.FAILED, error
+    else:  # not waited for (slurm.detach): where the job is
+        ret.status, ret.return_value = JobStatus.COMPLETED, value
+    return ret
 
 
 @contextlib.contextmanager

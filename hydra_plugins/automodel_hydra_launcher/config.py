@@ -5,16 +5,26 @@ the launcher ``hydra/launcher=automodel``, the sweeper ``hydra/sweeper=automodel
 The job's own sections (``interactive:``, ``slurm:``, ``skypilot:``) hold every option, so a sweep can vary them
 and each job routes by its own sections; the launcher node only names the launcher class."""
 
-from dataclasses import dataclass
+import typing as tp
+from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
+from automodel_hydra.backends.interactive import InteractiveConfig
+from automodel_hydra.backends.slurm import CALL_DEFAULTS, SlurmConfig
 from automodel_hydra.config import register
 
 
 @dataclass
 class AutomodelLauncherConf:
     _target_: str = "hydra_plugins.automodel_hydra_launcher.launcher.AutomodelLauncher"
+    # only for a task function not declared @automodel_hydra.driver.launchable (any Hydra app): each job runs as
+    # one process on this backend, interactive (here) or slurm (one sbatch job of one task); null = interactive.
+    # train.py's jobs choose theirs with launcher=... and their own sections, and leave these at their defaults.
+    backend: tp.Optional[str] = None
+    # that backend's options: the schema of train.py's interactive: / slurm: section, one process per job
+    interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
+    slurm: SlurmConfig = field(default_factory=lambda: SlurmConfig(**CALL_DEFAULTS))
 
 
 @dataclass
