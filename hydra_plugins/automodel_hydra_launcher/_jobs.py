@@ -1,0 +1,314 @@
+"""Sweep jobs set up the way Hydra's ``run_job`` sets them up, without copying the whole config four times and
+dumping it with a pure-Python YAML emitter for every job.
+
+For each job Hydra's ``run_job`` (``hydra.core.utils``) sets the job's config as the global ``HydraConfig``,
+computes ``hydra.runtime.output_dir`` (``hydra.sweep.dir`` / ``hydra.sweep.subdir``), creates the dir, changes into
+it under ``hydra.job.chdir``, configures the job's logging (``hydra.job_logging``: the console and the job's own
+log file), writes ``<output_subdir>/config.yaml`` (the job's config without ``hydra``, unresolved),
+``hydra.yaml`` (its ``hydra`` node) and ``overrides.yaml`` (``hydra.overrides.task``), and calls the task function
+on a copy of the config without ``hydra`` inside ``hydra.job.env_set``. On the way it deep-copies the config three
+times (``set_config`` twice, the task config once) and the ``hydra`` node once more, which with YAML's Python
+emitter is ~90 % of a sweep job's cost.
+
+:class:`FastJobs` does the same for a job that ``_compose`` makes from a base config (every job whose overrides
+are values plus config-group choices it has composed before): per base, it keeps the config without ``hydra``
+pickled (a copy is ~1 ms) and the ``hydra`` node live as the global ``HydraConfig``; per job it sets the five
+``hydra`` fields that differ from job to job (``job.id``, ``job.num``, ``job.override_dirname``,
+``overrides.task``: ``_compose``'s rules; ``runtime.output_dir``: ``run_job``'s) on that node, copies the task
+config and applies the job's value overrides to it, writes the three files with libyaml's emitter (the same data
+as ``OmegaConf.to_yaml``: the same representation of text, long lines may wrap elsewhere), points the job log's
+file handlers at the job's log file, and calls the task function's ``prepare`` inside ``env_set`` and ``chdir``
+exactly as ``run_job`` would.
+
+A job it cannot set up this way (``_compose`` composes it with Hydra, a value override fails on the copy) is
+answered with None: the launcher then runs ``run_job`` for it. Callbacks are not called here: the launcher uses
+this only when ``hydra.callbacks`` is empty.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import os
+import pickle
+import re
+import typing as tp
+from pathlib import Path
+
+import yaml
+from hydra import version
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, env_override
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from automodel_hydra.config import SweepLoader
+
+from ._compose import Split, SweepComposer, _Base, apply
+
+# ----------------------------------------------------------------------------------------------- YAML
+
+#: YAML 1.1's words for booleans, which OmegaConf quotes when they are text (``omegaconf``'s dumper).
+_YAML_BOOLS = frozenset("y Y yes Yes YES n N no No NO true True TRUE false False FALSE on On ON off Off OFF".split())  # noqa: SIM905
+_Dumper: tp.Any = getattr(yaml, "CDumper", yaml.Dumper)  # libyaml's emitter when PyYAML was built with it
+
+
+class _OmegaConfDumper(_Dumper):
+    """PyYAML's dumper with OmegaConf's representation of text: quoted when it reads as a boolean (YAML 1.1) or
+    as a number to Python's ``int``/``float`` (OmegaConf's ``to_yaml``); an enum member as its name."""
+
+
+def _represent_str(dumper: yaml.BaseDumper, data: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="'" if _reads_as_other(data) else None)
+
+
+def _reads_as_other(text: str) -> bool:
+    if text in _YAML_BOOLS:
+        return True
+    for kind in (int, float):
+        try:
+            kind(text)
+            return True
+        except ValueError:
+            pass
+    return False
+
+
+_OmegaConfDumper.add_representer(str, _represent_str)
+_OmegaConfDumper.add_multi_representer(enum.Enum, lambda dumper, data: _represent_str(dumper, data.name))
+
+
+def to_yaml(container: tp.Any) -> str:
+    """``OmegaConf.to_yaml`` of the config ``container`` is (``OmegaConf.to_container(cfg, resolve=False)``)."""
+    return tp.cast(str, yaml.dump(container, Dumper=_OmegaConfDumper, default_flow_style=False, allow_unicode=True,
+                                  sort_keys=False))
+
+
+# ----------------------------------------------------------------------------------------------- jobs
+
+
+class _BaseState:
+    """What every job made from one base config shares: the config without ``hydra`` (pickled), the full config
+    whose ``hydra`` node becomes the global HydraConfig, and the ``hydra`` node as plain data (for hydra.yaml)."""
+
+    def __init__(self, base: _Base, master: DictConfig) -> None:
+        self.base = base  # held: the state is looked up by the base's identity
+        self.full = base.copy()
+        OmegaConf.copy_cache(from_config=master, to_config=self.full)
+        task = base.copy()
+        with read_write(task), open_dict(task):
+            del task["hydra"]
+        try:
+            self.task: bytes | DictConfig = pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            self.task = task
+        hydra = self.full.hydra
+        self.hydra_data = OmegaConf.to_container(hydra, resolve=False, enum_to_str=True)
+        self.output_subdir = hydra.output_subdir
+        self.chdir = hydra.job.chdir
+        # run_job warns when chdir is unset under version_base < 1.2: let it; a hydra value that refers to the
+        # job's own config (hydra.sweep.subdir=${seed}) must see the job's values: run_job's path has them
+        self.usable = (self.chdir is not None or version.base_at_least("1.2")) and _self_contained(self.hydra_data)
+        self.chdir = bool(self.chdir)
+
+    def task_copy(self) -> DictConfig:
+        if isinstance(self.task, bytes):
+            cfg = pickle.loads(self.task)
+            assert isinstance(cfg, DictConfig)
+            return cfg
+        return copy.deepcopy(self.task)
+
+
+class FastJobs:
+    """``run_job`` for the jobs of one launch that are copies of a base config (see the module docstring).
+
+    Parameters
+    ----------
+    composer:
+        The launch's :class:`SweepComposer` (shared with the launcher's ``run_job`` path).
+    master:
+        The sweep's config.
+    prepare:
+        The task function's ``automodel_prepare`` (``driver.prepare``): called as ``prepare(cfg, loader=...,
+        container=...)``.
+    """
+
+    def __init__(self, composer: SweepComposer, master: DictConfig, prepare: tp.Callable[..., tp.Any]) -> None:
+        self.composer, self.master, self.prepare = composer, master, prepare
+        self.loader = SweepLoader()
+        self.jobs = 0
+        self._states: dict[int, _BaseState] = {}
+        self._active: _BaseState | None = None
+        self._handlers: list[tuple[logging.FileHandler, str]] | None = None  # job log files to repoint, per job
+
+    def invalidate(self) -> None:
+        """Something else set the global HydraConfig or the logging (``run_job``): set them again next job."""
+        self._active, self._handlers = None, None
+
+    def run(self, idx: int, overrides: tp.Sequence[str]) -> JobReturn | None:
+        """Set up and prepare job ``idx`` as ``run_job`` would; None when it must go through ``run_job``."""
+        split = self.composer.split(overrides)
+        if split is None:
+            return None
+        state = self._state(split.base)
+        if not state.usable:
+            return None
+        cfg = state.task_copy()
+        try:
+            for o in split.values:
+                apply(cfg, o)
+        except Exception:  # (run_job's path composes it with Hydra: Hydra's own result or error)
+            return None
+        OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
+        output_dir = self._enter(state, idx, split)
+        ret = JobReturn()
+        ret.overrides = list(split.task)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        old_cwd = os.getcwd()
+        ret.working_dir = output_dir if state.chdir else old_cwd
+        container = OmegaConf.to_container(cfg, resolve=False)
+        if state.output_subdir is not None:
+            where = Path(output_dir) / str(state.output_subdir)
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "config.yaml").write_text(to_yaml(container), encoding="utf-8")
+            (where / "hydra.yaml").write_text(to_yaml(self._hydra_data(state, idx, split, output_dir)),
+                                              encoding="utf-8")
+            (where / "overrides.yaml").write_text(to_yaml(list(split.task)), encoding="utf-8")
+        try:
+            if state.chdir:
+                os.chdir(output_dir)
+            self._job_log(state)
+            with env_override(_global_hydra().job.env_set):
+                try:
+                    ret.return_value = self.prepare(cfg, loader=self.loader, container=container)
+                    ret.status = JobStatus.COMPLETED
+                except Exception as e:
+                    ret.return_value = e
+                    ret.status = JobStatus.FAILED
+            ret.task_name = JobRuntime.instance().get("name")
+        finally:
+            if state.chdir:
+                os.chdir(old_cwd)
+        self.jobs += 1
+        return ret
+
+    # ------------------------------------------------------------------------------------------- parts
+
+    def _state(self, base: _Base) -> _BaseState:
+        state = self._states.get(id(base))
+        if state is None or state.base is not base:
+            state = self._states[id(base)] = _BaseState(base, self.master)
+        return state
+
+    def _enter(self, state: _BaseState, idx: int, split: Split) -> str:
+        """Make the job's ``hydra`` node the global HydraConfig's; returns ``hydra.runtime.output_dir``."""
+        if self._active is not state:
+            HydraConfig.instance().set_config(state.full)
+            self._active, self._handlers = state, None
+        nodes = (state.full.hydra, _global_hydra())  # the global one resolves against state.full
+        for node in nodes:  # (flags set on the small nodes: setting one clears the flag cache of its whole tree)
+            job, overrides = node.job, node.overrides
+            with read_write(job), open_dict(job):
+                job.id = f"automodel_{idx}"
+                job.num = idx
+                job.override_dirname = split.override_dirname
+            with read_write(overrides), open_dict(overrides):
+                overrides.task = list(split.task)
+        subdir = OmegaConf.select(state.full, "hydra.sweep.subdir")
+        output_dir = os.path.abspath(os.path.join(str(OmegaConf.select(state.full, "hydra.sweep.dir")), str(subdir)))
+        for node in nodes:
+            runtime = node.runtime
+            with read_write(runtime), open_dict(runtime):
+                runtime.output_dir = output_dir
+        return output_dir
+
+    @staticmethod
+    def _hydra_data(state: _BaseState, idx: int, split: Split, output_dir: str) -> dict[str, tp.Any]:
+        """hydra.yaml's data: the base's ``hydra`` node with this job's five fields (copies along their paths)."""
+        hydra = dict(tp.cast(dict, state.hydra_data))
+        job, runtime, overrides = dict(hydra["job"]), dict(hydra["runtime"]), dict(hydra["overrides"])
+        job.update(id=f"automodel_{idx}", num=idx, override_dirname=split.override_dirname)
+        runtime["output_dir"] = output_dir
+        overrides["task"] = list(split.task)
+        hydra.update(job=job, runtime=runtime, overrides=overrides)
+        return {"hydra": hydra}
+
+    def _job_log(self, state: _BaseState) -> None:
+        """The job's logging as ``run_job`` configures it (``hydra.job_logging``): configured in full for the first
+        job of a base; after that, when its only files are the root logger's plain ``FileHandler``s, those are
+        pointed at this job's files (what configuring it again would do, without rebuilding every handler)."""
+        hydra = state.full.hydra
+        if self._handlers is None:
+            configure_log(hydra.job_logging, hydra.verbose)
+            self._handlers = _file_handlers(hydra.job_logging)
+            return
+        for handler, name in self._handlers:
+            path = os.path.abspath(str(hydra.job_logging.handlers[name].filename))
+            if path != handler.baseFilename:
+                stream = open(path, handler.mode, encoding=handler.encoding, errors=handler.errors)  # noqa: SIM115
+                old = handler.setStream(tp.cast(tp.Any, stream))
+                handler.baseFilename = path
+                if old is not None:
+                    old.close()
+
+
+def _global_hydra() -> DictConfig:
+    """The global HydraConfig's ``hydra`` node (what ``HydraConfig.get()`` returns)."""
+    cfg = HydraConfig.instance().cfg
+    assert cfg is not None
+    return tp.cast(DictConfig, cfg).hydra
+
+
+#: Resolvers whose answer does not depend on the job's own config (``hydra:`` reads the global HydraConfig).
+_CONTEXT_FREE = frozenset({"now", "hydra", "oc.env", "oc.decode", "automodel_uid"})
+_INTERPOLATION = re.compile(r"(\\*)\$\{\s*([^}:\s]*)\s*(:?)")
+
+
+def _self_contained(data: tp.Any) -> bool:
+    """Every interpolation in ``data`` (the ``hydra`` node, unresolved) refers to ``hydra.*`` or calls a resolver
+    of :data:`_CONTEXT_FREE`: so the node resolves the same in the base config as in any job made from it.
+    An escaped ``\\${`` is text."""
+    if isinstance(data, dict):
+        return all(_self_contained(v) for v in data.values())
+    if isinstance(data, list):
+        return all(_self_contained(v) for v in data)
+    if not isinstance(data, str) or "${" not in data:
+        return True
+    for m in _INTERPOLATION.finditer(data):
+        escaped, name, call = len(m.group(1)) % 2 == 1, m.group(2), m.group(3)
+        if escaped:
+            continue
+        if call and name not in _CONTEXT_FREE:
+            return False
+        if not call and not name.startswith("hydra."):
+            return False
+    return True
+
+
+def _file_handlers(job_logging: DictConfig | None) -> list[tuple[logging.FileHandler, str]] | None:
+    """The root logger's file handlers as ``hydra.job_logging`` just configured them, with their names there;
+    None (configure in full for every job) unless every handler with a file is a plain, not delayed
+    ``logging.FileHandler`` of the root logger alone."""
+    if job_logging is None:
+        return None
+    conf = OmegaConf.to_container(job_logging, resolve=True)
+    if not isinstance(conf, dict):
+        return None
+    handlers = conf.get("handlers") or {}
+    files = [name for name, h in handlers.items() if isinstance(h, dict) and "filename" in h]
+    root = (conf.get("root") or {}).get("handlers") or []
+    loggers = conf.get("loggers") or {}
+    if any(name in (spec or {}).get("handlers", []) for spec in loggers.values() for name in files):
+        return None
+    out = []
+    on_root = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    for name in files:
+        spec = handlers[name]
+        match = [h for h in on_root if type(h) is logging.FileHandler and not h.delay
+                 and h.baseFilename == os.path.abspath(str(spec["filename"]))]
+        if spec.get("class") != "logging.FileHandler" or name not in root or len(match) != 1:
+            return None
+        out.append((match[0], name))
+    if len(out) != len(on_root):
+        return None
+    return out
