@@ -270,13 +270,15 @@ ALIASES = (
 
 
 def _normalise_aliases(data: dict[str, tp.Any]) -> None:
-    """Move each alias's value to its canonical key (in place); both set to different values is an error."""
+    """Move each alias's value to its canonical key (``data`` in place, its sections copied before a change); both
+    set to different values is an error."""
     for section, alias, target_section, target in ALIASES:
         node = data.get(section)
         if not isinstance(node, dict) or node.get(alias) is None:
             continue
+        node = data[section] = dict(node)
         value = node.pop(alias)
-        target_node = data.setdefault(target_section, {})
+        target_node = data[target_section] = dict(data.get(target_section) or {})
         default = getattr(_DEFAULTS[target_section], target)
         current = target_node.get(target, default)
         if current not in (default, value):
@@ -309,14 +311,15 @@ SHELL_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SHELL_F
 
 
 def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mapping[str, str]) -> None:
-    """Shell references in the launcher sections (in place, on the raw data): ``env_vars`` keep theirs for the
-    job (escaped from OmegaConf, their OmegaConf interpolations resolved here); every other field is expanded
-    from ``environ`` now. See :mod:`automodel_hydra.envvars`."""
+    """Shell references in the launcher sections (``data`` in place, each section copied before it is changed):
+    ``env_vars`` keep theirs for the job (escaped from OmegaConf, their OmegaConf interpolations resolved here);
+    every other field is expanded from ``environ`` now. See :mod:`automodel_hydra.envvars`."""
     is_key = data.__contains__
     for section in ("interactive", *LAUNCHER_SECTIONS):
         node = data.get(section)
         if not isinstance(node, dict):
             continue
+        node = data[section] = dict(node)
         kept = set(SHELL_FIELDS.get(section, ())) - {"env_vars"}
         for name, value in list(node.items()):
             key = f"{section}.{name}"
@@ -381,8 +384,8 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
 def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None,
           container: dict[str, tp.Any] | None = None) -> dict[str, tp.Any]:
     """What :func:`load` merges into the schema: the config's plain data (``container``, when given, is
-    ``OmegaConf.to_container(cfg, resolve=False)`` made by the caller, who gives it up: it is changed in place)
-    without ``hydra``, launcher fields expanded, aliases normalised, another recipe's sections set apart."""
+    ``OmegaConf.to_container(cfg, resolve=False)``, made by the caller; it is not changed) without ``hydra``,
+    launcher fields expanded, aliases normalised, another recipe's sections set apart."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     if container is None:
@@ -394,6 +397,7 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
         if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
             from automodel_hydra.backends.slurm import AUTOMODEL_DEFAULTS
 
+            data["slurm"] = dict(data["slurm"])
             for key, value in AUTOMODEL_DEFAULTS.items():
                 data["slurm"].setdefault(key, copy.deepcopy(value))
         sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
@@ -470,6 +474,8 @@ def leaf_changes(old: dict[str, tp.Any], new: dict[str, tp.Any],
     out: list[tuple[tuple[str, ...], tp.Any]] = []
     for key, a in old.items():
         b = new[key]
+        if a is b and isinstance(a, (dict, list)):  # the same object: the caller changes no data it gave
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             sub = leaf_changes(a, b, (*prefix, key))
             if sub is None:

@@ -120,7 +120,7 @@ def prepare(cfg: DictConfig, sweep: bool = True, loader: config.SweepLoader | No
     OmegaConf error for an unknown key or wrong type; writes nothing.
 
     A sweep's launcher passes one ``loader`` for all its jobs (the same result, faster: :class:`config.SweepLoader`)
-    and may pass ``container``, ``OmegaConf.to_container(cfg, resolve=False)`` that it made and gives up."""
+    and may pass ``container``, ``OmegaConf.to_container(cfg, resolve=False)`` that it made (not changed here)."""
     job = job_spec_from_hydra(sweep)
     changes = yaml11.restorations(cfg, yaml11.config_files(), job.overrides)
     if changes:  # put back the file's text, on a copy (Hydra's job config is not ours to edit)

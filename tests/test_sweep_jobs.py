@@ -19,6 +19,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from automodel_hydra import config
+from hydra_plugins.automodel_hydra_launcher._compose import simple_override
 from hydra_plugins.automodel_hydra_launcher._jobs import _self_contained, to_yaml
 from hydra_plugins.automodel_hydra_launcher.sweeper import job_overrides
 from tests.helpers import CONF, compose_cfg, train_py
@@ -194,3 +195,33 @@ def test_prepare_with_a_loader_is_prepare(tmp_path: Path) -> None:
     loader = config.SweepLoader()
     container = OmegaConf.to_container(job, resolve=False)
     assert driver.prepare(job, False, loader, tp.cast(dict, container)) == driver.prepare(job, False)
+
+
+@pytest.mark.parametrize("text", ["seed=0", "seed=7", "seed=-3", "seed=+4", "a.b_c.d=123456789", "optim.lr=1e-4",
+                                  "optim.lr=0.0003", "x=.5", "x=-2.5E+3", "x=3e5", "x=0.0", "_k=1.25",
+                                  "hydra.job.num=1"])
+def test_a_simple_override_is_what_hydras_parser_makes(text: str) -> None:
+    ours, (theirs,) = simple_override(text), OverridesParser.create().parse_overrides([text])
+    assert ours == theirs and ours is not None and type(ours.value()) is type(theirs.value())
+
+
+@pytest.mark.parametrize("text", ["seed=007", "seed=1_000", "x=1.", "x=inf", "x=nan", "seed=abc", "+seed=1", "~seed=1",
+                                  "a/b=1", "a@p=1", "seed=1,2", "x='1'", "x=${y}", "x=1 ", "a-b=1", "seed=", "x=1e",
+                                  "x=0x1f"])
+def test_anything_else_goes_to_hydras_parser(text: str) -> None:
+    assert simple_override(text) is None
+
+
+def test_a_yaml_doc_with_changes_is_the_yaml_of_the_changed_data() -> None:
+    from hydra_plugins.automodel_hydra_launcher._jobs import YamlDoc
+
+    data = {"hydra": {"job": {"id": "???", "num": "???", "name": "train", "env": {"A": "1"}}, "list": [1, "on"],
+                      "runtime": {"output_dir": "???", "cwd": "/x"}, "long": "word " * 40 + "\nline two"}}
+    doc = YamlDoc(data)
+    changes = {("hydra", "job", "num"): 7, ("hydra", "job", "id"): "automodel_7", ("hydra", "list"): ["a", "1"],
+               ("hydra", "runtime", "output_dir"): "/s/7", ("hydra", "new", "key"): "yes"}
+    changed = {"hydra": {"job": {"id": "automodel_7", "num": 7, "name": "train", "env": {"A": "1"}},
+                         "list": ["a", "1"], "runtime": {"output_dir": "/s/7", "cwd": "/x"},
+                         "long": data["hydra"]["long"], "new": {"key": "yes"}}}
+    assert doc.text(changes) == to_yaml(changed)
+    assert doc.text({}) == to_yaml(data)  # and the document itself is unchanged

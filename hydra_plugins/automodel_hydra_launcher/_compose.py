@@ -39,7 +39,7 @@ import typing as tp
 
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 #: Base configs kept at once (least recently used is dropped): one per distinct set of group choices.
@@ -126,7 +126,9 @@ class SweepComposer:
     def _parse(self, text: str) -> Override:
         o = self._parsed.get(text)
         if o is None:
-            (o,) = self._parser.parse_overrides([text])
+            o = simple_override(text)
+            if o is None:
+                (o,) = self._parser.parse_overrides([text])
             self._parsed[text] = o
         return o
 
@@ -240,6 +242,25 @@ def iter_sweep_configs(config_loader: ConfigLoader, master_config: DictConfig,
 
 
 # ----------------------------------------------------------------------------------------------- Hydra's rules
+
+#: ``key=number`` in the simplest spelling of Hydra's override grammar (``OverrideLexer.g4``: ``ID`` keys joined by
+#: dots; ``INT``: ``[+-]? ('0' | [1-9] DIGIT*)``; ``FLOAT``: a point float with digits after the point, or an
+#: exponent float, no ``_``): what a sweep's ``seed=range(...)``/``optim.lr=1e-4,...`` jobs are made of.
+_SIMPLE = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)="
+                     r"(?:(?P<int>[+-]?(?:0|[1-9][0-9]*))"
+                     r"|(?P<float>[+-]?(?:(?:0|[1-9][0-9]*)?\.[0-9]+(?:[eE][+-]?[0-9]+)?|(?:0|[1-9][0-9]*)[eE][+-]?[0-9]+)))")
+
+
+def simple_override(text: str) -> Override | None:
+    """The Override Hydra's parser makes of ``text`` when it is a plain ``key=number`` (see :data:`_SIMPLE`),
+    without the parser (~1 ms a line); None for anything else."""
+    m = _SIMPLE.fullmatch(text)
+    if m is None:
+        return None
+    value: int | float = int(m["int"]) if m["int"] is not None else float(m["float"])
+    return Override(type=OverrideType.CHANGE, key_or_group=m["key"], value_type=ValueType.ELEMENT, _value=value,
+                    input_line=text)
+
 
 
 def apply(cfg: DictConfig, o: Override) -> None:

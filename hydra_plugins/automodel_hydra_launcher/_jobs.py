@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import io
 import logging
 import os
 import pickle
@@ -39,6 +40,7 @@ from pathlib import Path
 import yaml
 from hydra import version
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, env_override
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -84,6 +86,46 @@ def to_yaml(container: tp.Any) -> str:
                                   sort_keys=False))
 
 
+class YamlDoc:
+    """:func:`to_yaml` of one document again and again with a few values changed: the document is represented
+    once (PyYAML's node tree, built by the same dumper), and each :meth:`text` replaces only the nodes on the paths
+    to the changed keys before libyaml emits it. The text is what :func:`to_yaml` gives for the changed data."""
+
+    def __init__(self, data: dict[str, tp.Any]) -> None:
+        self._dumper = _OmegaConfDumper(io.StringIO(), default_flow_style=False, allow_unicode=True, sort_keys=False)
+        self.root = self._represent(data)
+
+    def _represent(self, value: tp.Any) -> yaml.Node:
+        node = self._dumper.represent_data(value)
+        self._dumper.represented_objects, self._dumper.object_keeper, self._dumper.alias_key = {}, [], None
+        return tp.cast(yaml.Node, node)
+
+    def text(self, changes: tp.Mapping[tuple[str, ...], tp.Any]) -> str:
+        """The document with ``changes`` (``{key path: new value}``, paths through mappings only) applied."""
+        root = self._replace(self.root, changes, ())
+        return tp.cast(str, yaml.serialize(root, Dumper=_OmegaConfDumper, allow_unicode=True))
+
+    def _replace(self, node: yaml.Node, changes: tp.Mapping[tuple[str, ...], tp.Any], path: tuple[str, ...]
+                 ) -> yaml.Node:
+        if path in changes:
+            return self._represent(changes[path])
+        depth = len(path)
+        below = {p[depth] for p in changes if len(p) > depth and p[:depth] == path}
+        if not below:
+            return node
+        assert isinstance(node, yaml.MappingNode)
+        pairs, seen = [], set()
+        for key, value in node.value:
+            if key.value in below:
+                value = self._replace(value, changes, (*path, key.value))
+                seen.add(key.value)
+            pairs.append((key, value))
+        for name in sorted(below - seen):  # a new key goes last, as an assignment adds it
+            empty = yaml.MappingNode("tag:yaml.org,2002:map", [], flow_style=False)
+            pairs.append((self._represent(name), self._replace(empty, changes, (*path, name))))
+        return yaml.MappingNode(node.tag, pairs, flow_style=node.flow_style)
+
+
 # ----------------------------------------------------------------------------------------------- jobs
 
 
@@ -103,13 +145,38 @@ class _BaseState:
         except (pickle.PicklingError, TypeError, AttributeError):
             self.task = task
         hydra = self.full.hydra
+        self.task_data = tp.cast(dict, OmegaConf.to_container(task, resolve=False))
+        self.task_doc = YamlDoc(self.task_data)
+        self.work: DictConfig | None = None  # the last job's task config, and the keys its overrides set
+        self.work_keys: frozenset[tuple[str, ...]] | None = None
         self.hydra_data = OmegaConf.to_container(hydra, resolve=False, enum_to_str=True)
+        self.hydra_doc = YamlDoc({"hydra": self.hydra_data})
         self.output_subdir = hydra.output_subdir
         self.chdir = hydra.job.chdir
         # run_job warns when chdir is unset under version_base < 1.2: let it; a hydra value that refers to the
         # job's own config (hydra.sweep.subdir=${seed}) must see the job's values: run_job's path has them
         self.usable = (self.chdir is not None or version.base_at_least("1.2")) and _self_contained(self.hydra_data)
         self.chdir = bool(self.chdir)
+
+    def plain_paths(self, values: tp.Sequence[Override]) -> dict[tuple[str, ...], Override] | None:
+        """``{key path: override}`` when every override sets (``key=v``: no ``+``, ``++``, ``~``) a scalar on a
+        key that the base holds as a plain value (not a mapping or list, none of them on its way); else None.
+        A key set twice keeps its last override, as applying them in order does."""
+        out: dict[tuple[str, ...], Override] = {}
+        for o in values:
+            value = o.value()
+            if o.type != OverrideType.CHANGE or isinstance(value, (dict, list)):
+                return None
+            path = tuple(o.key_or_group.split("."))
+            node: tp.Any = self.task_data
+            for key in path:
+                if not isinstance(node, dict) or key not in node:
+                    return None
+                node = node[key]
+            if isinstance(node, (dict, list)):
+                return None
+            out[path] = o
+        return out
 
     def task_copy(self) -> DictConfig:
         if isinstance(self.task, bytes):
@@ -153,26 +220,21 @@ class FastJobs:
         state = self._state(split.base)
         if not state.usable:
             return None
-        cfg = state.task_copy()
-        try:
-            for o in split.values:
-                apply(cfg, o)
-        except Exception:  # (run_job's path composes it with Hydra: Hydra's own result or error)
+        made = self._task_config(state, split)
+        if made is None:
             return None
-        OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
+        cfg, container, config_yaml = made
         output_dir = self._enter(state, idx, split)
         ret = JobReturn()
         ret.overrides = list(split.task)
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         old_cwd = os.getcwd()
         ret.working_dir = output_dir if state.chdir else old_cwd
-        container = OmegaConf.to_container(cfg, resolve=False)
         if state.output_subdir is not None:
             where = Path(output_dir) / str(state.output_subdir)
             where.mkdir(parents=True, exist_ok=True)
-            (where / "config.yaml").write_text(to_yaml(container), encoding="utf-8")
-            (where / "hydra.yaml").write_text(to_yaml(self._hydra_data(state, idx, split, output_dir)),
-                                              encoding="utf-8")
+            (where / "config.yaml").write_text(config_yaml, encoding="utf-8")
+            (where / "hydra.yaml").write_text(self._hydra_yaml(state, idx, split, output_dir), encoding="utf-8")
             (where / "overrides.yaml").write_text(to_yaml(list(split.task)), encoding="utf-8")
         try:
             if state.chdir:
@@ -193,6 +255,34 @@ class FastJobs:
         return ret
 
     # ------------------------------------------------------------------------------------------- parts
+
+    def _task_config(self, state: _BaseState, split: Split
+                     ) -> tuple[DictConfig, dict[str, tp.Any], str] | None:
+        """The job's config without ``hydra`` (the base's, with the job's value overrides applied), its plain data
+        and its YAML text; None when an override fails on it (``run_job``'s path then gives Hydra's own error).
+
+        When every value override sets a plain value on a key the base has as a plain value (``seed=3``), and the
+        previous job of this base set the same keys, the overrides are applied to that job's config again: each
+        key then holds this job's value and nothing else differs from a fresh copy, and only the set values are
+        read back for the data and the YAML. Otherwise the job gets a fresh copy of the base."""
+        paths = state.plain_paths(split.values)
+        reuse = paths is not None and state.work is not None and state.work_keys == frozenset(paths)
+        cfg = state.work if reuse and state.work is not None else state.task_copy()
+        state.work = state.work_keys = None
+        try:
+            for o in split.values:
+                apply(cfg, o)
+            if paths is None:
+                container = tp.cast(dict, OmegaConf.to_container(cfg, resolve=False))
+                OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
+                return cfg, container, to_yaml(container)
+            leaves = {path: _raw(cfg, path, o) for path, o in paths.items()}
+        except Exception:  # (run_job's path composes it with Hydra: Hydra's own result or error)
+            return None
+        if not reuse:
+            OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
+        state.work, state.work_keys = cfg, frozenset(paths)
+        return cfg, _replaced(state.task_data, leaves), state.task_doc.text(leaves)
 
     def _state(self, base: _Base) -> _BaseState:
         state = self._states.get(id(base))
@@ -223,15 +313,12 @@ class FastJobs:
         return output_dir
 
     @staticmethod
-    def _hydra_data(state: _BaseState, idx: int, split: Split, output_dir: str) -> dict[str, tp.Any]:
-        """hydra.yaml's data: the base's ``hydra`` node with this job's five fields (copies along their paths)."""
-        hydra = dict(tp.cast(dict, state.hydra_data))
-        job, runtime, overrides = dict(hydra["job"]), dict(hydra["runtime"]), dict(hydra["overrides"])
-        job.update(id=f"automodel_{idx}", num=idx, override_dirname=split.override_dirname)
-        runtime["output_dir"] = output_dir
-        overrides["task"] = list(split.task)
-        hydra.update(job=job, runtime=runtime, overrides=overrides)
-        return {"hydra": hydra}
+    def _hydra_yaml(state: _BaseState, idx: int, split: Split, output_dir: str) -> str:
+        """hydra.yaml: the base's ``hydra`` node with this job's five fields."""
+        return state.hydra_doc.text({
+            ("hydra", "job", "id"): f"automodel_{idx}", ("hydra", "job", "num"): idx,
+            ("hydra", "job", "override_dirname"): split.override_dirname,
+            ("hydra", "runtime", "output_dir"): output_dir, ("hydra", "overrides", "task"): list(split.task)})
 
     def _job_log(self, state: _BaseState) -> None:
         """The job's logging as ``run_job`` configures it (``hydra.job_logging``): configured in full for the first
@@ -250,6 +337,32 @@ class FastJobs:
                 handler.baseFilename = path
                 if old is not None:
                     old.close()
+
+
+def _raw(cfg: DictConfig, path: tuple[str, ...], o: Override) -> tp.Any:
+    """The value at ``path`` as ``OmegaConf.to_container(cfg, resolve=False)`` has it, right after ``o`` set it
+    (an interpolation is kept as the text that was set)."""
+    parent: tp.Any = cfg
+    for key in path[:-1]:
+        parent = parent[key]
+    if OmegaConf.is_interpolation(parent, path[-1]):
+        return o.value()
+    if OmegaConf.is_missing(parent, path[-1]):
+        return "???"
+    return parent[path[-1]]
+
+
+def _replaced(data: dict[str, tp.Any], leaves: tp.Mapping[tuple[str, ...], tp.Any]) -> dict[str, tp.Any]:
+    """``data`` with the values at ``leaves``' paths replaced; the dicts on those paths are copies, all else is
+    shared with ``data``."""
+    out = dict(data)
+    for path, value in leaves.items():
+        node = out
+        for key in path[:-1]:
+            node[key] = dict(node[key])
+            node = node[key]
+        node[path[-1]] = value
+    return out
 
 
 def _global_hydra() -> DictConfig:
