@@ -423,14 +423,16 @@ class SweepLoader:
     loader keeps the previous job's data and merged schema; when the next job's data differs from it only in
     leaf values (same keys everywhere, each changed value a scalar on both sides and no interpolation), it sets
     those values on the merged schema (OmegaConf's assignment: the same conversion and type check as a merge
-    into that node) and builds the job from it with ``OmegaConf.to_object``, which resolves every interpolation
-    against this job's values and runs every section's checks, as :func:`load` does. Anything else, and any
-    error on that way, goes through :func:`load`'s own merge, so each result and each error is :func:`load`'s.
+    into that node) and builds the job from it as ``OmegaConf.to_object`` does, which resolves every
+    interpolation against this job's values and runs every section's checks, as :func:`load` does; a section
+    that did not change and has no interpolation is copied from the object built for it before. Anything else,
+    and any error on that way, goes through :func:`load`'s own merge, so each result and error is :func:`load`'s.
     """
 
     def __init__(self) -> None:
         self._data: dict[str, tp.Any] | None = None
         self._merged: DictConfig | None = None
+        self._sections: dict[str, tp.Any] = {}  # section -> its object, built from the merged schema as it is
         self.fast = self.full = 0
 
     def load(self, cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None = None,
@@ -442,13 +444,13 @@ class SweepLoader:
             if changes is not None:
                 try:
                     for path, value in changes:
+                        self._sections.pop(path[0], None)
                         node: tp.Any = self._merged
                         for key in path[:-1]:
                             node = node[key]
                         node[path[-1]] = value
                     OmegaConf.clear_cache(self._merged)  # resolvers such as ${now:} answer anew, as in a merge
-                    obj = OmegaConf.to_object(self._merged)
-                    assert isinstance(obj, TrainConfig)
+                    obj = self._to_object(self._merged)
                 except Exception:  # (the merge below gives load's own result or error)
                     pass
                 else:
@@ -456,12 +458,42 @@ class SweepLoader:
                     self.fast += 1
                     return obj
             self._data = self._merged = None
+        self._sections.clear()
         self.full += 1
         merged = OmegaConf.merge(_schema(), data)
-        obj = OmegaConf.to_object(merged)
-        assert isinstance(obj, TrainConfig) and isinstance(merged, DictConfig)
+        built = OmegaConf.to_object(merged)
+        assert isinstance(built, TrainConfig) and isinstance(merged, DictConfig)
         self._data, self._merged = data, merged
-        return obj
+        return built
+
+
+    def _to_object(self, merged: DictConfig) -> TrainConfig:
+        """``OmegaConf.to_object(merged)``, as OmegaConf builds a structured config (each key's value, a section
+        by ``to_object`` of its node, then ``TrainConfig(**values)``), with each section that has not changed since
+        it was built and holds no interpolation copied from the one built then (a deep copy: ``TrainConfig``'s
+        checks may change a section object, e.g. ``profile.nsys.enabled``)."""
+        values: dict[str, tp.Any] = {}
+        for key in merged:
+            value = merged[key]
+            if OmegaConf.is_config(value):
+                built = self._sections.get(str(key))
+                if built is None:
+                    built = OmegaConf.to_object(value)
+                    if not _interpolated_tree(OmegaConf.to_container(value, resolve=False)):
+                        self._sections[str(key)] = copy.deepcopy(built)
+                else:
+                    built = copy.deepcopy(built)
+                value = built
+            values[str(key)] = value
+        return TrainConfig(**values)
+
+
+def _interpolated_tree(value: tp.Any) -> bool:
+    if isinstance(value, dict):
+        return any(_interpolated_tree(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_interpolated_tree(v) for v in value)
+    return _interpolated(value)
 
 
 def leaf_changes(old: dict[str, tp.Any], new: dict[str, tp.Any],

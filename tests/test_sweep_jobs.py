@@ -128,6 +128,14 @@ STEPS: list[dict[str, tp.Any]] = [
     {"slurm.nodes": 1, "slurm.time": "00:10:00"},
     {"dry_run": 1},  # an int for a bool (OmegaConf accepts 1)
     {"dry_run": True},
+    {"slurm.nsys_enabled": True},  # TrainConfig's check then turns on profile.nsys (a section that did not change)
+    {"slurm.nsys_enabled": False},  # ... and it must be off again: the section object is not shared
+    {"slurm.nsys_enabled": True},
+    {"slurm.nsys_enabled": False},
+    {"seed": 11},
+    {"checkpoint.dir": "${output_dir}/ckpt"},  # a section with an interpolation
+    {"seed": 12, "output_dir": "/elsewhere"},  # ... follows the value it refers to
+    {"seed": 13},
 ]
 
 

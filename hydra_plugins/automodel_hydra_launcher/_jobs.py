@@ -149,8 +149,10 @@ class _BaseState:
         self.task_doc = YamlDoc(self.task_data)
         self.work: DictConfig | None = None  # the last job's task config, and the keys its overrides set
         self.work_keys: frozenset[tuple[str, ...]] | None = None
-        self.hydra_data = OmegaConf.to_container(hydra, resolve=False, enum_to_str=True)
+        self.hydra_data = tp.cast(dict, OmegaConf.to_container(hydra, resolve=False, enum_to_str=True))
         self.hydra_doc = YamlDoc({"hydra": self.hydra_data})
+        refs = _hydra_refs(self.hydra_data)  # the job's fields an interpolation of the node reads from state.full
+        self.referenced = {f for f in _JOB_FIELDS if any(r[:len(f)] == f[:len(r)] for r in refs)}
         self.output_subdir = hydra.output_subdir
         self.chdir = hydra.job.chdir
         # run_job warns when chdir is unset under version_base < 1.2: let it; a hydra value that refers to the
@@ -224,7 +226,7 @@ class FastJobs:
         if made is None:
             return None
         cfg, container, config_yaml = made
-        output_dir = self._enter(state, idx, split)
+        output_dir, fields = self._enter(state, idx, split)
         ret = JobReturn()
         ret.overrides = list(split.task)
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -234,12 +236,12 @@ class FastJobs:
             where = Path(output_dir) / str(state.output_subdir)
             where.mkdir(parents=True, exist_ok=True)
             (where / "config.yaml").write_text(config_yaml, encoding="utf-8")
-            (where / "hydra.yaml").write_text(self._hydra_yaml(state, idx, split, output_dir), encoding="utf-8")
+            (where / "hydra.yaml").write_text(self._hydra_yaml(state, fields), encoding="utf-8")
             (where / "overrides.yaml").write_text(to_yaml(list(split.task)), encoding="utf-8")
         try:
             if state.chdir:
                 os.chdir(output_dir)
-            self._job_log(state)
+            self._job_log(state, fields)
             with env_override(_global_hydra().job.env_set):
                 try:
                     ret.return_value = self.prepare(cfg, loader=self.loader, container=container)
@@ -290,37 +292,38 @@ class FastJobs:
             state = self._states[id(base)] = _BaseState(base, self.master)
         return state
 
-    def _enter(self, state: _BaseState, idx: int, split: Split) -> str:
-        """Make the job's ``hydra`` node the global HydraConfig's; returns ``hydra.runtime.output_dir``."""
+    def _enter(self, state: _BaseState, idx: int, split: Split) -> tuple[str, dict[tuple[str, ...], tp.Any]]:
+        """Make the job's ``hydra`` node the global HydraConfig's; returns ``hydra.runtime.output_dir`` (as
+        ``run_job`` makes it) and the job's ``hydra`` fields (paths under ``hydra``).
+
+        The global node gets all five fields; the base config it resolves its interpolations against
+        (``state.full``) gets those that some interpolation of the node refers to. Values are read from the
+        base's plain ``hydra`` data with the fields set (:func:`_lookup`), or where that cannot say, by OmegaConf
+        from ``state.full``."""
         if self._active is not state:
             HydraConfig.instance().set_config(state.full)
             self._active, self._handlers = state, None
-        nodes = (state.full.hydra, _global_hydra())  # the global one resolves against state.full
-        for node in nodes:  # (flags set on the small nodes: setting one clears the flag cache of its whole tree)
-            job, overrides = node.job, node.overrides
-            with read_write(job), open_dict(job):
-                job.id = f"automodel_{idx}"
-                job.num = idx
-                job.override_dirname = split.override_dirname
-            with read_write(overrides), open_dict(overrides):
-                overrides.task = list(split.task)
-        subdir = OmegaConf.select(state.full, "hydra.sweep.subdir")
-        output_dir = os.path.abspath(os.path.join(str(OmegaConf.select(state.full, "hydra.sweep.dir")), str(subdir)))
-        for node in nodes:
-            runtime = node.runtime
-            with read_write(runtime), open_dict(runtime):
-                runtime.output_dir = output_dir
-        return output_dir
+        fields: dict[tuple[str, ...], tp.Any] = {
+            ("job", "id"): f"automodel_{idx}", ("job", "num"): idx, ("job", "override_dirname"): split.override_dirname,
+            ("overrides", "task"): list(split.task)}
+        _set(state.full.hydra, {k: v for k, v in fields.items() if k in state.referenced})
+        data = _replaced(state.hydra_data, fields)
+        where = []
+        for key in ("dir", "subdir"):
+            value = _lookup(data, data.get("sweep", {}).get(key))
+            where.append(OmegaConf.select(state.full, f"hydra.sweep.{key}") if value is _UNKNOWN else value)
+        output_dir = os.path.abspath(os.path.join(str(where[0]), str(where[1])))
+        fields[("runtime", "output_dir")] = output_dir
+        _set(state.full.hydra, {k: v for k, v in fields.items() if k in state.referenced})
+        _set(_global_hydra(), fields)
+        return output_dir, fields
 
     @staticmethod
-    def _hydra_yaml(state: _BaseState, idx: int, split: Split, output_dir: str) -> str:
+    def _hydra_yaml(state: _BaseState, fields: tp.Mapping[tuple[str, ...], tp.Any]) -> str:
         """hydra.yaml: the base's ``hydra`` node with this job's five fields."""
-        return state.hydra_doc.text({
-            ("hydra", "job", "id"): f"automodel_{idx}", ("hydra", "job", "num"): idx,
-            ("hydra", "job", "override_dirname"): split.override_dirname,
-            ("hydra", "runtime", "output_dir"): output_dir, ("hydra", "overrides", "task"): list(split.task)})
+        return state.hydra_doc.text({("hydra", *k): v for k, v in fields.items()})
 
-    def _job_log(self, state: _BaseState) -> None:
+    def _job_log(self, state: _BaseState, fields: tp.Mapping[tuple[str, ...], tp.Any]) -> None:
         """The job's logging as ``run_job`` configures it (``hydra.job_logging``): configured in full for the first
         job of a base; after that, when its only files are the root logger's plain ``FileHandler``s, those are
         pointed at this job's files (what configuring it again would do, without rebuilding every handler)."""
@@ -329,14 +332,70 @@ class FastJobs:
             configure_log(hydra.job_logging, hydra.verbose)
             self._handlers = _file_handlers(hydra.job_logging)
             return
+        data = _replaced(state.hydra_data, fields)
         for handler, name in self._handlers:
-            path = os.path.abspath(str(hydra.job_logging.handlers[name].filename))
+            value = _lookup(data, data["job_logging"]["handlers"][name]["filename"])
+            if value is _UNKNOWN:
+                value = hydra.job_logging.handlers[name].filename
+            path = os.path.abspath(str(value))
             if path != handler.baseFilename:
                 stream = open(path, handler.mode, encoding=handler.encoding, errors=handler.errors)  # noqa: SIM115
                 old = handler.setStream(tp.cast(tp.Any, stream))
                 handler.baseFilename = path
                 if old is not None:
                     old.close()
+
+
+def _set(node: DictConfig, fields: tp.Mapping[tuple[str, ...], tp.Any]) -> None:
+    """Set ``fields`` (paths under ``node``, two keys each) in ``node``, read-only or struct as it may be. The
+    flags are lifted on the small parent nodes: lifting them on ``node`` clears the flag cache of its tree."""
+    by_parent: dict[str, list[tuple[str, tp.Any]]] = {}
+    for (parent, key), value in fields.items():
+        by_parent.setdefault(parent, []).append((key, value))
+    for parent, items in by_parent.items():
+        sub = node[parent]
+        with read_write(sub), open_dict(sub):
+            for key, value in items:
+                sub[key] = value
+
+
+#: What :func:`_lookup` cannot answer.
+_UNKNOWN: tp.Any = object()
+_HYDRA_REF = re.compile(r"\$\{hydra((?:\.[A-Za-z_][A-Za-z0-9_]*)+)\}")
+_LITERAL = re.compile(r"[^$\\{}]*")
+
+
+def _lookup(data: tp.Mapping[str, tp.Any], value: tp.Any, depth: int = 0) -> tp.Any:
+    """What OmegaConf resolves ``value`` (a value of the plain ``hydra`` node ``data``) to, when it is a scalar,
+    text without interpolation, or text of literal parts and ``${hydra.key}`` references to such values (a whole
+    ``${hydra.key}`` keeps its value's type; in text each is ``str()``-ed, as OmegaConf joins them: its grammar,
+    https://omegaconf.readthedocs.io/en/2.3_branch/grammar.html). :data:`_UNKNOWN` for anything else (a
+    resolver, an escape, a missing ``???`` value, a container)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if not isinstance(value, str) or value == "???" or depth > 16:
+        return _UNKNOWN
+    if "${" not in value:
+        return value
+    parts, pos = [], 0
+    for m in _HYDRA_REF.finditer(value):
+        literal = value[pos:m.start()]
+        node: tp.Any = data
+        for key in m.group(1)[1:].split("."):
+            if not isinstance(node, dict) or key not in node:
+                return _UNKNOWN
+            node = node[key]
+        resolved = _lookup(data, node, depth + 1)
+        if resolved is _UNKNOWN or not _LITERAL.fullmatch(literal):
+            return _UNKNOWN
+        parts.append((literal, resolved))
+        pos = m.end()
+    tail = value[pos:]
+    if not parts or not _LITERAL.fullmatch(tail):
+        return _UNKNOWN
+    if len(parts) == 1 and not parts[0][0] and not tail:
+        return parts[0][1]
+    return "".join(literal + str(resolved) for literal, resolved in parts) + tail
 
 
 def _raw(cfg: DictConfig, path: tuple[str, ...], o: Override) -> tp.Any:
@@ -370,6 +429,22 @@ def _global_hydra() -> DictConfig:
     cfg = HydraConfig.instance().cfg
     assert cfg is not None
     return tp.cast(DictConfig, cfg).hydra
+
+
+#: The ``hydra`` fields that differ from job to job of one base (``_compose``'s two, the launcher's two, run_job's).
+_JOB_FIELDS = (("job", "id"), ("job", "num"), ("job", "override_dirname"), ("overrides", "task"),
+               ("runtime", "output_dir"))
+
+
+def _hydra_refs(data: tp.Any) -> set[tuple[str, ...]]:
+    """The ``hydra.*`` paths (under ``hydra``) that ``${hydra.a.b}`` references anywhere in ``data`` name."""
+    if isinstance(data, dict):
+        return set().union(*(_hydra_refs(v) for v in data.values())) if data else set()
+    if isinstance(data, list):
+        return set().union(*(_hydra_refs(v) for v in data)) if data else set()
+    if isinstance(data, str) and "${" in data:
+        return {tuple(m.group(1)[1:].split(".")) for m in re.finditer(r"\$\{\s*hydra((?:\.[^.}:\s]+)+)", data)}
+    return set()
 
 
 #: Resolvers whose answer does not depend on the job's own config (``hydra:`` reads the global HydraConfig).
