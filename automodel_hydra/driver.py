@@ -220,16 +220,17 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
     where = sweep_dir or outcomes[0].prepared.job.job_dir
     running: list[Outcome] = []
     stopped: list[Outcome] = []
+    open_jobs: dict[str, list[Outcome]] = {}
     for o in outcomes:
-        if o.sub is None or (o.result is not None and o.result.state.final):
-            continue
-        name = o.prepared.cfg.backend
-        try:
-            (info,) = impls[name].states([o.sub.ref])
-            state = info.state
+        if o.sub is not None and (o.result is None or not o.result.state.final):
+            open_jobs.setdefault(o.prepared.cfg.backend, []).append(o)
+    for name, group in open_jobs.items():
+        try:  # one query per backend (one sacct for a whole Slurm sweep), not one per job
+            states = [info.state for info in impls[name].states([o.sub.ref for o in group if o.sub is not None])]
         except Exception:
-            state = JobState.UNKNOWN
-        (stopped if name == "interactive" or state.final else running).append(o)
+            states = [JobState.UNKNOWN] * len(group)
+        for o, state in zip(group, states):
+            (stopped if name == "interactive" or state.final else running).append(o)
     parts = []
     if stopped:
         latest = [find_latest(o.prepared.cfg.checkpoint_dir) for o in stopped if o.prepared.cfg.bundled]
