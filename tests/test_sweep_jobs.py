@@ -85,7 +85,7 @@ def test_every_job_is_what_hydra_composes_and_run_job_writes(tmp_path: Path, arg
                 with open_dict(cfg):
                     cfg.hydra.job.id, cfg.hydra.job.num = f"automodel_{num}", num
                     cfg.hydra.runtime.output_dir = str(fast / str(num))
-                    hydra = OmegaConf.to_container(cfg.hydra, resolve=False)
+                    hydra = tp.cast(dict, OmegaConf.to_container(cfg.hydra, resolve=False))
                     del cfg["hydra"]
                 written = fast / str(num) / ".hydra"
                 assert yaml.safe_load((written / "config.yaml").read_text()) == OmegaConf.to_container(cfg)
@@ -154,7 +154,7 @@ def _outcome(fn: tp.Callable[[], config.TrainConfig]) -> tp.Any:
 
 def test_sweep_loader_gives_loads_result_and_error_for_every_step(tmp_path: Path) -> None:
     cfg = compose_cfg(["launcher=interactive"], output_dir=tmp_path)  # (sets the HydraConfig ${hydra:} reads)
-    work = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # untyped, as a job's data reaches load
+    work = OmegaConf.create(tp.cast(dict, OmegaConf.to_container(cfg, resolve=False)))  # untyped, as load gets it
     with open_dict(work):
         del work["hydra"]
     loader = config.SweepLoader()
@@ -199,7 +199,7 @@ def test_prepare_with_a_loader_is_prepare(tmp_path: Path) -> None:
     from automodel_hydra import driver
 
     cfg = compose_cfg(["launcher=slurm", "slurm.partition=debug"], output_dir=tmp_path)
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    job = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
     loader = config.SweepLoader()
     container = OmegaConf.to_container(job, resolve=False)
     assert driver.prepare(job, False, loader, tp.cast(dict, container)) == driver.prepare(job, False)
