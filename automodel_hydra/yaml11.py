@@ -43,6 +43,7 @@ def plain_scalars(text: str) -> dict[str, str]:
     return out
 
 
+@functools.cache
 def _text_fields(schema: type) -> set[str]:
     """Fields of a launcher dataclass whose values are text (``str`` or ``Optional[str]``)."""
     hints = tp.get_type_hints(schema)

@@ -630,17 +630,18 @@ class Slurm(Backend[Request, SlurmRef]):
         if shutil.which("sbatch") is None:
             raise PreflightError("sbatch is not on PATH: run on a Slurm login node, or make the Slurm client "
                                  "available (HPC: `module load slurm`; Debian/Ubuntu: `apt-get install slurm-client`)")
-        array = [path for path in batch.files if path.parent.parent not in {p.job.job_dir for p in batch.plans}]
-        script = array[0] if array else batch.plans[0].job.launch_dir / SCRIPT
         dirs = [p.job.job_dir for p in batch.plans]
-        (log_root(dirs, bool(array)) / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
+        own = set(dirs)
+        array = [path for path in batch.files if path.parent.parent not in own]
+        script = array[0] if array else batch.plans[0].job.launch_dir / SCRIPT
+        root = log_root(dirs, bool(array))  # once: it compares every job dir
+        (root / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
         started = time.time()
         job_id = _sbatch(script, batch.plans[0].request.env_refs)
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
-            out = log_root(dirs, bool(array)) / "slurm" / (f"{job_id}_{i}_0_log.out" if array
-                                                           else f"{job_id}_0_log.out")
+            out = root / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
             subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out)))
         return subs
 

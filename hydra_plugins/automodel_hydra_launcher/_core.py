@@ -50,7 +50,8 @@ from automodel_hydra import config as am_config
 from automodel_hydra.plan import JobFailedError, JobSpec
 from automodel_hydra.schema import ConfigError
 
-from ._compose import iter_sweep_configs
+from ._compose import SweepComposer
+from ._jobs import FastJobs
 
 if tp.TYPE_CHECKING:
     from .launcher import AutomodelLauncher
@@ -159,12 +160,19 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     planning = HydraContext(config_loader=context.config_loader,
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     returns: list[JobReturn] = []
-    configs: list[DictConfig] = []
+    configs: list[DictConfig | None] = []  # None: a job set up by _jobs (no callbacks to show it to)
     console = lambda: configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # noqa: E731
-    composed = iter_sweep_configs(context.config_loader, config, job_overrides)  # one Hydra compose per group
+    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
+    fast = None if config.hydra.callbacks else FastJobs(composer, config, prepare)
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+        ret = fast.run(idx, overrides) if fast is not None else None
+        if ret is not None:  # set up as run_job would, its logging still in place for the launch line below
+            returns.append(ret)
+            configs.append(None)
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            continue
         try:
-            sweep_config = next(composed)
+            sweep_config = composer.compose(overrides)
         except AssertionError:  # OmegaConf's answer to `slurm.nodes=4` when the job has no slurm: section
             message = driver.unselected_section_message(overrides)
             if message is None:
@@ -181,6 +189,13 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
         console()
         Singleton.set_state(state)
+        if fast is not None:
+            fast.invalidate()
+    if fast is not None and fast.jobs:
+        console()
+        Singleton.set_state(state)
+    log.debug(f"{fast.jobs if fast is not None else 0} of {len(job_overrides)} job(s) set up as copies of "
+              f"{composer.composed - composer.fallbacks} composed config(s); {composer.fallbacks} composed by Hydra")
     try:
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
@@ -191,14 +206,16 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         raise SystemExit(130) from None
     except driver.USER_ERRORS as e:  # the same one line as a single run's, for every job's bad value
         driver.fail(driver.one_line(e))
-    for ret, sweep_config, outcome in zip(returns, configs, outcomes):
+    for ret, job_config, outcome in zip(returns, configs, outcomes):
         try:
             ret.return_value = outcome.value()
         except JobFailedError as e:
             ret.status = JobStatus.FAILED
             ret.return_value = e
-        with _job_context(sweep_config, ret):
-            context.callbacks.on_job_end(config=sweep_config, job_return=ret)
+        if job_config is None:
+            continue
+        with _job_context(job_config, ret):
+            context.callbacks.on_job_end(config=job_config, job_return=ret)
         console()
     return returns
 
@@ -225,9 +242,9 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
     state = Singleton.get_state()
     jobs: list[driver.Prepared] = []
     configs: list[DictConfig] = []
-    composed = iter_sweep_configs(context.config_loader, config, job_overrides)
+    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = next(composed)
+        sweep_config = composer.compose(overrides)
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
