@@ -399,7 +399,11 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
 
             data["slurm"] = dict(data["slurm"])
             for key, value in AUTOMODEL_DEFAULTS.items():
-                data["slurm"].setdefault(key, copy.deepcopy(value))
+                mine = data["slurm"].get(key)
+                if isinstance(value, dict) and isinstance(mine, dict):  # sbatch_args: the file's options on top
+                    data["slurm"][key] = {**copy.deepcopy(value), **mine}
+                else:
+                    data["slurm"].setdefault(key, copy.deepcopy(value))
         sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
         data = {k: v for k, v in data.items() if k in LAUNCH_KEYS}
         data["recipe_sections"] = _escape(sections)

@@ -171,8 +171,8 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
             config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
             plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
         impl.check([plans[i] for i in idx])
+    refuse_if_busy([p.job for p in jobs])
     for p in jobs:
-        refuse_if_busy(p.job)
         refuse_finished_resume(p)
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
                                            p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
@@ -419,29 +419,34 @@ def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any
                     o.result = result
 
 
-def refuse_if_busy(job: JobSpec) -> None:
+def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
     """Refuse a job dir whose earlier job has not finished, on any backend (a pending Slurm job, a SkyPilot job,
-    a local run), before anything in it is rewritten. Raises PreflightError naming the dir, the job and the fix."""
+    a local run), before anything in it is rewritten: one state query per backend for all of ``jobs`` (one
+    ``sacct`` for a relaunched 1000-job sweep). Raises PreflightError naming the dir, the job and the fix."""
     from automodel_hydra.backends.interactive import job_running
 
-    if job_running(job.job_dir):
-        raise PreflightError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
-                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
-    try:
-        record = json.loads(job.record_file.read_text())
-    except (OSError, ValueError):
-        return
-    if record.get("backend") == "interactive":
-        return  # the run lock above is the whole truth for local jobs
-    impl = backends.get(record["backend"])
-    try:
-        (info,) = impl.states([impl.ref_from_record(record)])
-    except Exception:
-        return
-    if info.state in (JobState.PENDING, JobState.RUNNING):
-        raise PreflightError(f"{job.job_dir} holds {record['backend']} job {','.join(record.get('job_ids') or [])}, "
-                           f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
-                           f"{job.job_dir}), or choose another hydra.run.dir")
+    earlier: dict[str, list[tuple[JobSpec, dict[str, tp.Any]]]] = {}
+    for job in jobs:
+        if job_running(job.job_dir):
+            raise PreflightError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
+                                 f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
+        try:
+            record = json.loads(job.record_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("backend") != "interactive":  # the run lock above is the whole truth for local jobs
+            earlier.setdefault(record["backend"], []).append((job, record))
+    for name, held in earlier.items():
+        impl = backends.get(name)
+        try:
+            infos = impl.states([impl.ref_from_record(record) for _, record in held])
+        except Exception:
+            continue
+        for (job, record), info in zip(held, infos):
+            if info.state in (JobState.PENDING, JobState.RUNNING):
+                raise PreflightError(f"{job.job_dir} holds {name} job {','.join(record.get('job_ids') or [])}, "
+                                     f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
+                                     f"{job.job_dir}), or choose another hydra.run.dir")
 
 
 def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
@@ -485,9 +490,8 @@ def run(cfg: DictConfig) -> tp.Any:
         raise SystemExit(130) from None
     except USER_ERRORS as e:
         fail(one_line(e))
-    except (JobFailedError, RuntimeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    except LAUNCH_ERRORS as e:
+        fail_launch(e)
     try:
         return outcome.value()
     except JobStoppedError as e:  # cancelled from elsewhere: a stop, the same line and status as Ctrl-C's
@@ -517,6 +521,17 @@ def fail(message: str) -> tp.NoReturn:
     """Exit with a one-line error (no traceback) for mistakes the user can fix."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+#: What goes wrong while submitting or running after every check passed (sbatch refused the job, a job failed,
+#: a file could not be written): exit 1 with the error's own line (:func:`fail_launch`).
+LAUNCH_ERRORS = (JobFailedError, RuntimeError, OSError)
+
+
+def fail_launch(error: BaseException) -> tp.NoReturn:
+    """Exit 1 with ``error: <the error's line>`` (no traceback): the same for a single run and a sweep."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
 
 
 

@@ -202,3 +202,8 @@ def test_an_automodel_recipes_slurm_section_gets_automodels_defaults_for_hardwar
     assert given is not None and (given.time, given.partition, given.gpus_per_node) == ("02:00:00", "gpu", 8)
     ours = config.load({"output_dir": str(tmp_path), "slurm": {"nodes": 2}}).slurm  # the bundled recipe: ours
     assert ours is not None and (ours.time, ours.partition) == ("04:00:00", None)
+    # a file that sets other sbatch options still asks for whole nodes; `exclusive: false` is how it says no
+    mail = config.load({**base, "slurm": {"sbatch_args": {"mail-user": "me@site"}}}).slurm
+    assert mail is not None and mail.sbatch_args == {"exclusive": None, "mail-user": "me@site"}
+    shared = config.load({**base, "slurm": {"sbatch_args": {"exclusive": False}}}).slurm
+    assert shared is not None and shared.sbatch_args == {"exclusive": False}

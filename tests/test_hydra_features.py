@@ -173,6 +173,50 @@ def test_a_dir_holding_a_pending_slurm_job_is_refused_and_left_as_it_was(tmp_pat
     assert {p: p.read_bytes() for p in (run / "launch").iterdir()} == before
 
 
+def test_a_relaunched_sweep_asks_the_scheduler_once_for_all_its_dirs(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep relaunched over dirs that hold earlier Slurm jobs: one squeue (and one sacct) call for all of them,
+    not one per job, and the pending one is named."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobSpec, PreflightError
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    jobs = []
+    for n in range(3):
+        run = tmp_path / str(n)
+        (run / "launch").mkdir(parents=True)
+        record = {"backend": "slurm", "ref": {"job_id": f"424{n}", "submitted_at": 0}, "job_ids": [f"424{n}"],
+                  "job_dir": str(run), "job_num": n, "overrides": []}
+        (run / "launch" / "submission.json").write_text(json.dumps(record))
+        jobs.append(JobSpec(job_dir=run, job_name="train", overrides=(), job_num=n))
+    (bin_dir / "sacct").write_text(f"#!/bin/sh\necho sacct >> {calls}\nexit 1\n")
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\necho squeue >> {calls}\necho "4242|PENDING|Priority"\n')
+    for tool in ("sacct", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(PreflightError, match="holds slurm job 4242, still PENDING"):
+        driver.refuse_if_busy(jobs)
+    assert sorted(calls.read_text().split()) == ["sacct", "squeue"]
+
+
+@pytest.mark.slow
+def test_a_sweep_that_sbatch_refuses_ends_in_one_line_as_a_single_run_does(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account "
+                                    "or account/partition combination specified' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    single = train("launcher=slurm", "slurm.partition=debug", f"hydra.run.dir={tmp_path / 'R'}", cwd=tmp_path, env=env)
+    sweep = train("-m", "seed=1,2", "launcher=slurm", "slurm.partition=debug", f"hydra.sweep.dir={tmp_path / 'S'}",
+                  cwd=tmp_path, env=env)
+    for proc in (single, sweep):
+        assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+        (line,) = errors(proc)
+        assert "Invalid account" in line
+
+
 # ----------------------------------------------------------------------------------------------- 2. Hydra's features
 
 

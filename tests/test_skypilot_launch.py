@@ -320,7 +320,7 @@ BUSY = textwrap.dedent("""
     job.launch_dir.mkdir(parents=True)
     job.record_file.write_text(json.dumps({"backend": "skypilot", "job_ids": ["7"], "job_dir": sys.argv[1],
                                            "ref": {"job_id": "7", "cluster": None}}))
-    driver.refuse_if_busy(job)  # the job's state cannot be known without a server: not refused
+    driver.refuse_if_busy([job])  # the job's state cannot be known without a server: not refused
     print("not refused")
 """)
 

@@ -206,6 +206,8 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         raise SystemExit(130) from None
     except driver.USER_ERRORS as e:  # the same one line as a single run's, for every job's bad value
         driver.fail(driver.one_line(e))
+    except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
+        driver.fail_launch(e)
     for ret, job_config, outcome in zip(returns, configs, outcomes):
         try:
             ret.return_value = outcome.value()
@@ -265,6 +267,8 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         raise SystemExit(130) from None
     except driver.USER_ERRORS as e:
         driver.fail(driver.one_line(e))
+    except driver.LAUNCH_ERRORS as e:
+        driver.fail_launch(e)
     return [_call_return(outcome, sweep_config, launched) for outcome, sweep_config in zip(outcomes, configs)]
 
 
