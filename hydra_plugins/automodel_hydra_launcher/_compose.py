@@ -207,20 +207,30 @@ class _Base:
     @classmethod
     def of(cls, cfg: DictConfig) -> _Base:
         od = cfg.hydra.job.config.override_dirname
-        payload: bytes | DictConfig
-        try:
-            payload = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError):  # a structured node's class is not found by
-            payload = cfg                                           # its name (its module was run again)
-        return cls(payload, [str(k) for k in od.exclude_keys], str(od.item_sep), str(od.kv_sep))
+        return cls(freeze(cfg), [str(k) for k in od.exclude_keys], str(od.item_sep), str(od.kv_sep))
 
     def copy(self) -> DictConfig:
         """An exact, independent copy of the base config."""
-        if isinstance(self.payload, bytes):
-            cfg = pickle.loads(self.payload)
-            assert isinstance(cfg, DictConfig)
-            return cfg
-        return copy.deepcopy(self.payload)
+        return thaw(self.payload)
+
+
+def freeze(cfg: DictConfig) -> bytes | DictConfig:
+    """``cfg`` kept for many exact copies (:func:`thaw`): pickled (unpickling is 2-3x faster than
+    ``copy.deepcopy``), or the config itself where it does not pickle (a structured node's class is not found by
+    its name because its module was run again)."""
+    try:
+        return pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return cfg
+
+
+def thaw(frozen: bytes | DictConfig) -> DictConfig:
+    """An exact, independent copy of what :func:`freeze` kept."""
+    if isinstance(frozen, bytes):
+        cfg = pickle.loads(frozen)
+        assert isinstance(cfg, DictConfig)
+        return cfg
+    return copy.deepcopy(frozen)
 
 
 def sweep_configs(config_loader: ConfigLoader, master_config: DictConfig,

@@ -27,12 +27,10 @@ this only when ``hydra.callbacks`` is empty.
 
 from __future__ import annotations
 
-import copy
 import enum
 import io
 import logging
 import os
-import pickle
 import re
 import typing as tp
 from pathlib import Path
@@ -46,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from automodel_hydra.config import SweepLoader
 
-from ._compose import Split, SweepComposer, _Base, apply
+from ._compose import Split, SweepComposer, _Base, apply, freeze, thaw
 
 # ----------------------------------------------------------------------------------------------- YAML
 
@@ -140,10 +138,7 @@ class _BaseState:
         task = base.copy()
         with read_write(task), open_dict(task):
             del task["hydra"]
-        try:
-            self.task: bytes | DictConfig = pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            self.task = task
+        self.task = freeze(task)
         hydra = self.full.hydra
         self.task_data = tp.cast(dict, OmegaConf.to_container(task, resolve=False))
         self.task_doc = YamlDoc(self.task_data)
@@ -181,11 +176,7 @@ class _BaseState:
         return out
 
     def task_copy(self) -> DictConfig:
-        if isinstance(self.task, bytes):
-            cfg = pickle.loads(self.task)
-            assert isinstance(cfg, DictConfig)
-            return cfg
-        return copy.deepcopy(self.task)
+        return thaw(self.task)
 
 
 class FastJobs:
