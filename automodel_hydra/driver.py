@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, profile, yaml11
+from automodel_hydra import backends, config, profile, stops, yaml11
 from automodel_hydra.plan import (
     MANIFEST_FILE,
     Backend,
@@ -93,7 +93,8 @@ class Outcome:
         if self.result is None or self.sub is None:
             return None if self.sub is None else {"job_ids": self.sub.ids, "job_dir": str(self.prepared.job.job_dir)}
         if self.result.state is JobState.CANCELLED:  # someone stopped it: a stop line, not an error
-            raise JobStoppedError(stop_line([f"{self.name} (cancelled)"], [], self.prepared.job.job_dir,
+            how = f": {self.result.stop}" if self.result.stop else ""
+            raise JobStoppedError(stop_line([f"{self.name} (cancelled{how})"], [], self.prepared.job.job_dir,
                                             checkpoint_note([self.prepared])))
         if not self.result.ok:
             raise JobFailedError(f"{self.sub.plan.backend} job {','.join(self.sub.ids) or self.prepared.job.job_dir}"
@@ -216,27 +217,40 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
                        {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
                                              "checkpoint_dir_requested": requested[p.job.job_dir]} for p in jobs})
     try:
-        _wait(outcomes, impls)
-    except KeyboardInterrupt:
-        raise Stopped(_stop_summary(outcomes, impls, sweep_dir)) from None
+        with stops.stop_signals():
+            _wait(outcomes, impls)
+    except (KeyboardInterrupt, stops.StopRequested) as e:
+        stop = stops.as_stop(e)
+        raise Stopped(_stop_summary(outcomes, impls, sweep_dir, stop), stop.exit_code) from None
     return outcomes
 
 
 class Stopped(Exception):
-    """Ctrl-C while waiting: the message says, in one line, what was stopped, what keeps running (with the
-    command that cancels it) and where the newest checkpoint is."""
+    """A stop signal while waiting (Ctrl-C, SIGTERM, SIGHUP): the message says, in one line, what was stopped
+    and how it ended, what keeps running (with the command that cancels it) and where the newest checkpoint is.
+    ``exit_code``: 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
-                  sweep_dir: Path | None) -> str:
-    """The stop line (:func:`automodel_hydra.plan.stop_line`) after Ctrl-C while waiting: local jobs were stopped
-    with a checkpoint; Slurm and SkyPilot jobs keep running (only the waiting stopped)."""
+                  sweep_dir: Path | None, stop: stops.StopRequested) -> str:
+    """The stop line (:func:`automodel_hydra.plan.stop_line`) after a stop signal while waiting. Local jobs were
+    stopped: each is named with how it ended (``ended within the 30 s grace time``, ``killed after 30 s: rank 1
+    (pid 12), ...``, ``never started``), from the results the interactive backend put on ``stop``. Slurm and
+    SkyPilot jobs keep running (only the waiting stopped), unless the scheduler says they already ended."""
     where = sweep_dir or outcomes[0].prepared.job.job_dir
     running: list[Outcome] = []
-    stopped: list[Outcome] = []
+    stopped: list[str] = []
+    stopped_jobs: list[Outcome] = []
     open_jobs: dict[str, list[Outcome]] = {}
     for o in outcomes:
-        if o.sub is not None and (o.result is None or not o.result.state.final):
+        result = stop.results.get(str(o.prepared.job.job_dir))
+        if result is not None:
+            o.result = result
+        if o.sub is not None and (o.result is None or not o.result.state.final or result is not None):
             open_jobs.setdefault(o.prepared.cfg.backend, []).append(o)
     for name, group in open_jobs.items():
         try:  # one query per backend (one sacct for a whole Slurm sweep), not one per job
@@ -244,9 +258,17 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
         except Exception:
             states = [JobState.UNKNOWN] * len(group)
         for o, state in zip(group, states):
-            (stopped if name == "interactive" or state.final else running).append(o)
-    what = [f"{o.name} (Ctrl-C)" for o in stopped] or ["waiting (Ctrl-C)"]
-    return stop_line(what, [o.name for o in running], where, checkpoint_note([o.prepared for o in stopped + running]))
+            if o.result is not None and o.result.state is JobState.COMPLETED:
+                continue  # it had finished before the signal
+            if (name == "interactive" and str(o.prepared.job.job_dir) in stop.results) or state.final:
+                how = o.result.stop if o.result is not None else None
+                stopped.append(f"{o.name} ({stop.how}{': ' + how if how else ''})")
+                stopped_jobs.append(o)
+            else:
+                running.append(o)
+    what = stopped or [f"waiting ({stop.how})"]
+    return stop_line(what, [o.name for o in running], where,
+                     checkpoint_note([o.prepared for o in stopped_jobs + running]))
 
 
 def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
@@ -487,7 +509,7 @@ def run(cfg: DictConfig) -> tp.Any:
         (outcome,) = launch([prepared])
     except Stopped as e:
         print(f"stopped: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        raise SystemExit(e.exit_code) from None
     except USER_ERRORS as e:
         fail(one_line(e))
     except LAUNCH_ERRORS as e:

@@ -192,6 +192,9 @@ class JobResult:
     state: JobState
     value: tp.Any = None
     error: str | None = None
+    #: a stopped job: how its processes ended (a local job: ``ended within the 30 s grace time``, ``killed after
+    #: 30 s: rank 1 (pid 12), ...``, ``never started``), for the stop line
+    stop: str | None = None
 
     @property
     def ok(self) -> bool:

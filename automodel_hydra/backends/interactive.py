@@ -10,7 +10,13 @@ Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``torchrun/`` (to
 rank's error file), ``lock`` (held by the job's processes while they run:
 a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output in
 a sweep, where jobs run side by side; ``call.out`` for call jobs) and ``cancelled`` (written by a cancel: torchrun
-itself exits 1 on SIGTERM, so the mark is what tells a cancelled job from a failed one).
+itself exits 1 on SIGTERM, so the mark is what tells a cancelled job from a failed one; once the stop is over it
+holds what became of the job's processes: ended within the grace time, or which ones were killed).
+
+Stopping (Ctrl-C or SIGTERM to the launching command, ``automodel-hydra cancel``): :func:`automodel_hydra.stops.
+stop_group` asks the ranks to checkpoint (SIGTERM), gives them ``interactive.kill_wait_s`` seconds, then kills
+every process of the job that is left (a rank hung in its step or blocked in a collective never reads its stop
+flag).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from automodel_hydra import stops
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
     RESULT_FILE,
@@ -77,6 +84,9 @@ class InteractiveConfig:
     max_parallel: tp.Optional[int] = None
     # not supported here: requeue is a Slurm feature (slurm.max_requeues); set only to get a clear error
     max_requeues: tp.Optional[int] = None
+    # seconds a stopped job's ranks get to checkpoint and exit before every process of the job left is killed
+    # (Ctrl-C, SIGTERM, automodel-hydra cancel); 30 = Slurm's KillWait default
+    kill_wait_s: float = stops.DEFAULT_KILL_WAIT_S
 
     def __post_init__(self) -> None:
         if self.nproc_per_node != "auto":
@@ -86,6 +96,7 @@ class InteractiveConfig:
             check_port("interactive.master_port", self.master_port)
         require(self.max_restarts >= 0, "interactive.max_restarts", self.max_restarts, "must be >= 0")
         at_least("interactive.max_parallel", self.max_parallel)
+        require(self.kill_wait_s >= 0, "interactive.kill_wait_s", self.kill_wait_s, "seconds, >= 0")
         require(self.max_requeues is None, "interactive.max_requeues", self.max_requeues,
                 "requeue is a Slurm feature (launcher=slurm slurm.max_requeues=N); interactive runs restart "
                 "failed workers with interactive.max_restarts")
@@ -122,14 +133,19 @@ class Request:
     uses_gpus: bool
     env: tuple[tuple[str, str], ...]  # hydra.job.env_set
     workdir: str | None
+    kill_wait_s: float = stops.DEFAULT_KILL_WAIT_S  # interactive.kill_wait_s
 
 
 @dataclasses.dataclass(frozen=True)
 class LocalRef:
-    """A local job: its dir (the run lock and pid live in ``launch/``) and when it was started (epoch s)."""
+    """A local job: its dir (the run lock and pid live in ``launch/``), when it was started (epoch s), the grace
+    time a stop gives it (``interactive.kill_wait_s``) and whether its head process is its only rank (a call
+    job)."""
 
     job_dir: str
     started_at: float = 0.0
+    kill_wait_s: float = stops.DEFAULT_KILL_WAIT_S
+    single_process: bool = False
 
     @property
     def ids(self) -> list[str]:
@@ -206,6 +222,7 @@ class _Scheduler:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.cond = threading.Condition()
         self.cancelled = False
+        self.stoppers: list[threading.Thread] = []
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="automodel-interactive", daemon=True).start()
@@ -224,7 +241,8 @@ class _Scheduler:
                         break
                     pending.pop(0)
                     if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # cancelled while queued
-                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
+                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start",
+                                                             stop="never started"))
                         continue
                     devices, free = free[:need], free[need:]
                     base = self.plans[i].request.master_port
@@ -235,7 +253,8 @@ class _Scheduler:
                 if self.cancelled:
                     for i in pending:
                         (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # status says so later
-                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
+                        self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start",
+                                                             stop="never started"))
                     pending = []
                 self.cond.wait(timeout=0.2)
             for i, (devices, port, proc) in list(running.items()):
@@ -275,14 +294,25 @@ class _Scheduler:
         return proc
 
     def cancel(self) -> None:
-        """SIGTERM every running torchrun group (workers checkpoint and exit); queued jobs never start."""
+        """Stop every running job (:func:`stop_job`, each in a thread of its own: their grace times run side by
+        side); queued jobs never start. Returns at once; :meth:`join` waits for the stops."""
         with self.cond:
             self.cancelled = True
             for i, proc in self.procs.items():
                 if proc.poll() is None:
-                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # CANCELLED, not FAILED
-                    stop_ranks(proc.pid)
+                    plan = self.plans[i]
+                    t = threading.Thread(target=stop_job, name="automodel-stop", daemon=True,
+                                         args=(plan.job.launch_dir, proc.pid, plan.request.kill_wait_s,
+                                               plan.job.call is not None, lambda p=proc: p.poll() is not None))
+                    t.start()
+                    self.stoppers.append(t)
             self.cond.notify_all()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the stops :meth:`cancel` started."""
+        until = time.monotonic() + timeout
+        for t in self.stoppers:
+            t.join(max(0.0, until - time.monotonic()))
 
 
 
@@ -304,8 +334,14 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
     out = plan.job.launch_dir / _out_name(plan)
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
+    mark = plan.job.launch_dir / CANCELLED_MARK
+    cancelled = returncode in (-signal.SIGTERM, 143) or mark.exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
+    if cancelled:
+        with contextlib.suppress(OSError):
+            how = mark.read_text().strip()  # what the stop did (stop_job), when it is over
+            if how:
+                return JobResult(state, error=f"cancelled: {how}", stop=how)
     why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
     what = "the call's process" if plan.job.call is not None else "torchrun"
     return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
@@ -375,7 +411,7 @@ class Interactive(Backend[Request, LocalRef]):
             "",
         ]
         request = Request(nproc, ic.master_port, ic.max_parallel, gpus > 0, job.env,
-                          str(job.workdir) if job.workdir else None)
+                          str(job.workdir) if job.workdir else None, ic.kill_wait_s)
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
 
     def plan_call(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
@@ -395,7 +431,7 @@ class Interactive(Backend[Request, LocalRef]):
             "exec " + shlex.join(call_argv(job, python=sys.executable)),
             "",
         ]
-        request = Request(1, None, ic.max_parallel, gpus > 0, (), None)
+        request = Request(1, None, ic.max_parallel, gpus > 0, (), None, ic.kill_wait_s)
         return Plan(self.name, job, {CALL_SCRIPT: "\n".join(lines)}, request, wait=True,
                     group_key=(ic.max_parallel,))
 
@@ -424,83 +460,77 @@ class Interactive(Backend[Request, LocalRef]):
         subs = []
         for p, future in zip(plans, sched.futures):
             self._futures[str(p.job.job_dir)] = future
-            subs.append(Submission(p, LocalRef(str(p.job.job_dir), started), log_path=str(p.job.log_file)))
+            ref = LocalRef(str(p.job.job_dir), started, p.request.kill_wait_s, p.job.call is not None)
+            subs.append(Submission(p, ref, log_path=str(p.job.log_file)))
         return subs
 
     def wait(self, subs: tp.Sequence[Submission[LocalRef]]) -> list[JobResult]:
-        """Block until every job ends. Ctrl-C / SIGTERM stops the workers with a checkpoint, then re-raises."""
-        restore = _raise_on_termination()
+        """Block until every job ends. A stop signal while waiting (KeyboardInterrupt, or
+        :class:`~automodel_hydra.stops.StopRequested` from the driver's handlers) stops every job (queued ones
+        never start; running ones get ``interactive.kill_wait_s`` to checkpoint, then what is left is killed) and
+        is re-raised as a StopRequested whose ``results`` say what became of each job."""
         futures = [self._futures[s.ref.job_dir] for s in subs]
         try:
             return [f.result() for f in futures]
-        except BaseException:
+        except BaseException as e:
+            if not isinstance(e, (KeyboardInterrupt, stops.StopRequested)):
+                raise
+            stop = stops.as_stop(e)
             for sched in self._schedulers:
                 sched.cancel()
-            for f in futures:
-                f.result(timeout=120)
-            raise
-        finally:
-            restore()
+            grace = max((s.plan.request.kill_wait_s for s in subs), default=stops.DEFAULT_KILL_WAIT_S)
+            for sched in self._schedulers:
+                sched.join(grace + 30)
+            for s, f in zip(subs, futures):
+                with contextlib.suppress(Exception):
+                    result = f.result(timeout=5)
+                    mark = s.plan.job.launch_dir / CANCELLED_MARK
+                    if result.state is JobState.CANCELLED and result.stop is None and mark.exists():
+                        how = mark.read_text().strip()  # the stop's end (stop_job wrote it after the future)
+                        result = dataclasses.replace(result, stop=how or None)
+                    stop.results[s.ref.job_dir] = result
+            raise stop from None
 
     def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
         return [StateInfo(local_state(Path(r.job_dir), r.started_at)) for r in refs]
 
     def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
-        """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
+        """Stop each job (:func:`stop_job`: its ranks checkpoint, and what is left after ``kill_wait_s`` is
+        killed); returns when every job has ended. A queued job is marked and never starts."""
+        threads = []
         for ref in refs:
             job_dir = Path(ref.job_dir)
             (job_dir / "launch" / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
             if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
-                stop_ranks(pid)
+                t = threading.Thread(target=stop_job, args=(job_dir / "launch", pid, ref.kill_wait_s,
+                                                            ref.single_process), daemon=True)
+                t.start()
+                threads.append(t)
+        for t in threads:
+            t.join()
 
     def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> LocalRef:
         ref = record.get("ref") or {}
-        return LocalRef(str(ref.get("job_dir", record["job_dir"])), float(ref.get("started_at", 0.0)))
+        return LocalRef(str(ref.get("job_dir", record["job_dir"])), float(ref.get("started_at", 0.0)),
+                        float(ref.get("kill_wait_s", stops.DEFAULT_KILL_WAIT_S)), bool(ref.get("single_process")))
 
 
-def _raise_on_termination() -> tp.Callable[[], None]:
-    """Python's default SIGTERM/SIGHUP action kills this process at once, and the torchrun groups (own
-    sessions) would train on unattended. Turn the first such signal into SystemExit(128 + signum), so :func:`wait`
-    stops the workers with a checkpoint first; later ones are ignored while it does. Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    fired: list[int] = []
+def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool = False,
+             ended: tp.Callable[[], bool] | None = None) -> stops.Ended:
+    """Stop one local job headed by pid ``head`` (:func:`automodel_hydra.stops.stop_group`) and write what became
+    of its processes into its ``launch/cancelled`` mark (written first: the ranks read it to end cleanly, and
+    :func:`local_state` to say CANCELLED). The mark then reads ``ended within the 30 s grace time`` or ``killed
+    after 30 s: rank 1 (pid 12), torchrun (pid 10)`` (:meth:`automodel_hydra.stops.Ended.text`): what the launching
+    command's stop line repeats."""
+    mark = launch_dir / CANCELLED_MARK
+    mark.touch()
+    def record(what: stops.Ended) -> None:
+        mark.write_text(what.text() + "\n")
 
-    def handler(signum: int, frame: object) -> None:
-        if not fired:
-            fired.append(signum)
-            log.warning("caught %s: stopping the workers with a checkpoint", signal.Signals(signum).name)
-            raise SystemExit(128 + signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def restore() -> None:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-    return restore
-
-
-
-def stop_ranks(torchrun_pid: int) -> None:
-    """SIGTERM the ranks of the torchrun agent ``torchrun_pid`` (its child processes, from ``/proc``): they
-    checkpoint at the next step and end cleanly, and torchrun exits by itself, without the traceback it prints
-    when it is signalled itself. Falls back to the agent's process group when no rank is found."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and fields[1] == str(torchrun_pid):
-            children.append(int(stat.parent.name))
-    for pid in children or []:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    if not children:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(torchrun_pid, signal.SIGTERM)
+    result = stops.stop_group(head, grace_s, head_is_rank=single_process, ended=ended, on_kill=record)
+    record(result)
+    return result
 
 
 def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:

@@ -203,7 +203,7 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
-        raise SystemExit(130) from None
+        raise SystemExit(e.exit_code) from None
     except driver.USER_ERRORS as e:  # the same one line as a single run's, for every job's bad value
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
@@ -264,7 +264,7 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         outcomes = driver.launch(jobs, sweep_dir)
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
-        raise SystemExit(130) from None
+        raise SystemExit(e.exit_code) from None
     except driver.USER_ERRORS as e:
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:
