@@ -17,7 +17,7 @@ def main(cfg: tp.Any, dist: tp.Any, should_stop: tp.Callable[[], bool]) -> dict[
 
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = Path(str(cfg.output_dir))
+    out = Path(str(cfg.hang_dir))  # +hang_dir=DIR on the command line: where the marks go
     for step in range(1, 1000):
         if should_stop():
             return {"stopped_early": True, "step": step}

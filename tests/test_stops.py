@@ -139,7 +139,7 @@ def test_a_hung_rank_is_killed_after_the_grace_time_on_sigterm_and_on_cancel(sta
     second run, SIGTERM to ``train.py``: each ends every process of the job within ``interactive.kill_wait_s`` + a
     few seconds, and the last line names what had to be killed."""
     run = tmp_path / "R"
-    args = (f"hydra.run.dir={run}", "recipe=tests.hang_recipe:main", "interactive.nproc_per_node=2",
+    args = (f"hydra.run.dir={run}", "recipe=tests.hang_recipe:main", f"+hang_dir={run}", "interactive.nproc_per_node=2",
             f"interactive.kill_wait_s={GRACE_S}")
     took = {}
     for how in ("cancel", "SIGTERM"):
@@ -151,22 +151,26 @@ def test_a_hung_rank_is_killed_after_the_grace_time_on_sigterm_and_on_cancel(sta
         time.sleep(1)  # rank 0 is in all_reduce, rank 1 in its sleep
         job = cmd.watch() | {head}
         assert len(ranks_of(head)) == 2
-        t0 = time.monotonic()
         if how == "cancel":
-            cancel = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
-                                    capture_output=True, text=True, timeout=GRACE_S + 30)
-            assert cancel.returncode == 0, cancel.stderr
-            rc, _ = cmd.ended_within(30)
-            assert rc == 130, cmd.output[-4000:]
+            cancel = subprocess.Popen([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cmd.wait_for(lambda: (run / "launch" / "cancelled").exists(), 60, "the cancel's mark")
         else:
             cmd.proc.send_signal(signal.SIGTERM)
-            rc, _ = cmd.ended_within(GRACE_S + 30)
-            assert rc == 128 + signal.SIGTERM, cmd.output[-4000:]
+        t0 = time.monotonic()  # the stop signal is on its way: the ranks get it next
+        while [p for p in job if alive(p)] and time.monotonic() - t0 < GRACE_S + 30:
+            time.sleep(0.1)
         took[how] = time.monotonic() - t0
-        assert took[how] < GRACE_S + 15, took
         assert not [p for p in job if alive(p)], f"{how}: a process of the job outlived the stop"
+        assert took[how] < GRACE_S + 10, took
+        rc, _ = cmd.ended_within(30)
+        assert rc == (130 if how == "cancel" else 128 + signal.SIGTERM), cmd.output[-4000:]
+        if how == "cancel":
+            assert cancel.wait(30) == 0, cancel.stdout.read() if cancel.stdout else ""
+            print(cancel.stdout.read() if cancel.stdout else "")
         last = cmd.last_line()
         stopped = f"stopped: interactive job {head} ({'cancelled' if how == 'cancel' else 'SIGTERM'}: killed after " \
                   f"{GRACE_S} s: "
         assert last.startswith(stopped), last
         assert "rank 1 (pid " in last and "rank 0 (pid " in last and f"torchrun (pid {head})" in last, last
+    print(f"seconds from the stop signal to no process of the job (grace {GRACE_S} s): {took}")
