@@ -23,6 +23,7 @@ task function returned, 1 when it raised, so the scheduler's state says FAILED t
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -93,6 +94,24 @@ def _write_job_return(launch_dir: Path, ret: tp.Any) -> bool:
     return ok
 
 
+def _reporting(task_function: tp.Callable[[tp.Any], tp.Any]) -> tp.Callable[[tp.Any], tp.Any]:
+    """``task_function``, with a failure that is no ``Exception`` (torch's ``CheckpointException``) raised as its
+    cause (:func:`automodel_hydra.worker.failure_cause`): Hydra's ``run_job`` keeps only ``Exception``s in the
+    JobReturn, so anything else would end the process with no ``call_error.pkl`` and no cause for the launcher."""
+    from automodel_hydra.worker import failure_cause
+
+    @functools.wraps(task_function)
+    def wrapped(cfg: tp.Any) -> tp.Any:
+        try:
+            return task_function(cfg)
+        except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as e:
+            raise failure_cause(e) from e
+
+    return wrapped
+
+
 def run(call_file: Path) -> int:
     """Run the call in ``call_file`` through Hydra's ``run_job``; write the JobReturn beside it
     (``call_result.pkl``, or ``call_error.pkl`` when the task function raised). Returns the exit status: 0 when
@@ -109,7 +128,7 @@ def run(call_file: Path) -> int:
     os.chdir(header["cwd"])
     Singleton.set_state(state)
     setup_globals()
-    ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
+    ret = run_job(hydra_context=hydra_context, task_function=_reporting(task_function), config=config,
                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     if ret.status == JobStatus.FAILED:  # run_job keeps the exception for the launcher; the job's log shows it too
         error = outcome(ret)

@@ -22,6 +22,7 @@ Like torchtitan's ``BaseCheckpointManager``, the public ``save/load/wait/close``
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -208,7 +209,7 @@ class CheckpointManager:
                 fut = dcp.async_save(sd, checkpoint_id=str(target), process_group=self._pg, async_stager=self._stager)
             self._pending = (step, target, tp.cast(Future, fut))
         else:
-            with _single_process_ok():
+            with _single_process_ok(), _disk_full_named(target):
                 dcp.save(sd, checkpoint_id=str(target))
             self._finalize(step, target)
 
@@ -281,3 +282,31 @@ class CheckpointManager:
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
             self._pg = None
+
+
+#: A filesystem with less free space than this after a failed save was full (bytes; or under 1% of its size).
+FULL_BELOW_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _disk_full_named(target: Path) -> tp.Iterator[None]:
+    """Name a full disk as the cause of a failed save. torch's zip writer reports a short write as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos N vs M``, never ENOSPC, and DCP wraps
+    it in a ``CheckpointException``; so when a save fails and ``target``'s filesystem has under
+    :data:`FULL_BELOW_BYTES` (or 1% of its size) free (``os.statvfs``), raise ``OSError(ENOSPC)`` naming the
+    dir and the free space, from the original failure."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:
+        try:
+            st = os.statvfs(target)
+        except OSError:
+            raise e from None
+        free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        if free < FULL_BELOW_BYTES or free < size // 100:
+            raise OSError(errno.ENOSPC, f"No space left on device: saving {target} failed with {free} bytes free "
+                                        f"of {size} on its filesystem") from e
+        raise
+

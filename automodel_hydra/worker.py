@@ -238,9 +238,14 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
                 usr2, term, preempted = _agree([usr2, stop.terminated, preempted], dist_env)
                 action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
                                          requeues_left=in_slurm and requeues_left())
-    except Exception:
-        log.exception("rank %d failed", env.rank)
-        raise  # torch's ``record`` (main) writes it to this rank's error file
+    except (SystemExit, KeyboardInterrupt):
+        raise  # a stop's own orderly exit (EXIT_STOPPED), not a failure
+    except BaseException as e:
+        log.error("rank %d failed", env.rank, exc_info=e)
+        cause = failure_cause(e)
+        if cause is e:
+            raise  # torch's ``record`` (main) writes it to this rank's error file
+        raise cause from e
     if result.get("stopped_early"):
         if action == REQUEUE:
             if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
@@ -258,6 +263,35 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     if env.rank == 0:
         write_result(Path(cfg.output_dir) / "result.json", result)
     return result
+
+
+def failure_cause(error: BaseException) -> Exception:
+    """The exception a failed rank reports: ``error`` itself when it is an ``Exception``; else the first cause it
+    carries. torch's ``CheckpointException`` (a ``BaseException``, raised by ``torch.distributed.checkpoint`` for a
+    save onto a full disk or a load into a model of another shape) holds each rank's own exception in
+    ``failures`` (``{rank: (exception, traceback)}``); its text starts with ``CheckpointException ranks:...``
+    and names no cause. torch's ``record`` writes only ``Exception``s to the error file, so anything else would
+    reach neither the error file nor the launching command's last line.
+
+    Returns an ``Exception`` whose first line names the cause (``ValueError: Size mismatch between saved ...``,
+    ``OSError: [Errno 28] No space left on device``): of several ranks' causes an ``OSError`` first, else the
+    lowest rank's; a ``RuntimeError`` quoting ``error`` when no cause is found."""
+    if isinstance(error, Exception):
+        return error
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict):
+        causes = []
+        for rank in sorted(failures, key=str):
+            found = failures[rank]
+            exc = found[0] if isinstance(found, tuple) and found else found
+            if isinstance(exc, BaseException):
+                causes.append(failure_cause(exc))
+        # the system's own reason first: on a full disk one rank may see ENOSPC and another only torch's zip
+        # writer's "unexpected pos" for the same short write
+        for cause in sorted(causes, key=lambda c: not isinstance(c, OSError)):
+            return cause
+    text = next((line for line in str(error).splitlines() if line.strip()), "")
+    return RuntimeError(f"{type(error).__name__}: {text}")
 
 
 def error_file(launch_dir: Path, rank: int) -> Path:
