@@ -195,7 +195,7 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
                 if path.suffix == ".sh":
-                    path.chmod(0o755)
+                    path.chmod(0o777 & ~current_umask())  # executable for whom the umask lets read it
     if dry:
         for _, groups, _ in batches:
             for batch in groups:
@@ -488,6 +488,20 @@ def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
                  for s in subs})
     path.write_text(json.dumps({"jobs": list(jobs.values())}, indent=2) + "\n")
     return path
+
+
+def current_umask() -> int:
+    """This process's umask (Linux ``/proc/self/status``, else set and put back): the modes of the files we write
+    follow it, so a group-shared run dir under ``umask 002`` stays writable for the group."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # ----------------------------------------------------------------------------------------------- single run

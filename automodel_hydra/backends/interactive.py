@@ -179,13 +179,17 @@ def lock_job_dir(job: JobSpec) -> int:
     Raises RuntimeError naming the dir and the holder's pid when another run is using this dir (two runs writing
     one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
     path = job.launch_dir / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides who else may lock it (a team dir)
+    except PermissionError:
+        raise RuntimeError(_not_yours(job.job_dir, path)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        by = "" if os.fstat(fd).st_uid == os.getuid() else f" of user {_owner(path)}"
         os.close(fd)
-        raise RuntimeError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
+        raise RuntimeError(f"{job.job_dir} is in use by another run{by} (pid {holder}); wait for it, cancel it "
                            f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -193,12 +197,45 @@ def lock_job_dir(job: JobSpec) -> int:
     return fd
 
 
+def _owner(path: Path) -> str:
+    """The user name owning ``path`` (its uid when the name is unknown here)."""
+    import pwd
+
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_yours(job_dir: Path, lock: Path) -> str:
+    """The one line for a run dir whose run lock this user may not open: whose it is, busy or not, and the fix."""
+    owner = _owner(lock)
+    busy = ""
+    try:
+        with lock.open("rb") as f:  # readable but not writable: ask whether a run holds it
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                busy = " and a run of theirs is using it"
+    except OSError:
+        pass
+    return (f"{job_dir} belongs to user {owner}{busy} ({lock} is not writable for you); choose another "
+            "hydra.run.dir, or ask them to share it (a group dir written under umask 002)")
+
+
 def job_running(job_dir: Path) -> bool:
     """Whether a run holds the job dir's lock right now (no pid guessing: a recycled pid cannot fool it)."""
     path = Path(job_dir) / "launch" / LOCK
     if not path.exists():
         return False
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        raise RuntimeError(_not_yours(Path(job_dir), path)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
