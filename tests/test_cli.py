@@ -514,15 +514,24 @@ def test_a_cancelled_job_ends_with_one_stop_line_of_one_format(launcher: str, tm
 
 def test_ctrl_c_stop_line_names_what_keeps_running_and_how_to_cancel_it(tmp_path: Path) -> None:
     from automodel_hydra import driver
+    from automodel_hydra.plan import JobResult
     from automodel_hydra.states import StateInfo
+    from automodel_hydra.stops import StopRequested
 
     running = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.RUNNING)] * len(refs))
     local = _outcome("interactive", tmp_path / "L", JobState.RUNNING)
     local.result = None
-    assert driver._stop_summary([local], {"interactive": running}, None) == (
-        f"interactive job 42 (Ctrl-C); no checkpoint yet in {tmp_path / 'L' / 'checkpoints'}")
+    stop = StopRequested(2)
+    how = "killed after 30 s: rank 1 (pid 7)"
+    stop.results[str(local.prepared.job.job_dir)] = JobResult(JobState.CANCELLED, stop=how)
+    assert driver._stop_summary([local], {"interactive": running}, None, stop) == (
+        f"interactive job 42 (Ctrl-C: killed after 30 s: rank 1 (pid 7)); no checkpoint yet in "
+        f"{tmp_path / 'L' / 'checkpoints'}")
+    local.result = None  # a local job the stop did not reach (another backend's wait was stopped) keeps running
+    assert "interactive job 42 keeps running" in driver._stop_summary([local], {"interactive": running}, None,
+                                                                      StopRequested(15))
     remote = _outcome("slurm", tmp_path / "S", JobState.RUNNING)
     remote.result = None
-    assert driver._stop_summary([remote], {"slurm": running}, None) == (
+    assert driver._stop_summary([remote], {"slurm": running}, None, StopRequested(2)) == (
         f"waiting (Ctrl-C); slurm job 42 keeps running: cancel with automodel-hydra cancel {tmp_path / 'S'}; "
         f"no checkpoint yet in {tmp_path / 'S' / 'checkpoints'}")
