@@ -4,8 +4,9 @@ Sections and where their schema lives:
 
 * the bundled recipe's sections (``model``, ``data``, ``step_scheduler``, ``optim``, ``checkpoint``,
   ``restore_from``, ``profile``): here;
-* each launcher's section beside its backend: ``interactive`` in :mod:`automodel_hydra.backends.interactive`,
-  ``slurm`` in :mod:`automodel_hydra.backends.slurm`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot`.
+* each launcher's section in a schema module beside its backend, which imports no backend (so neither this module
+  nor a rank loads one): ``interactive`` in :mod:`automodel_hydra.backends.interactive_config`, ``slurm`` in
+  :mod:`automodel_hydra.backends.slurm_config`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot_config`.
 
 Defaults live once, in these dataclasses (the YAML files under ``conf/`` only select). Bad input is caught twice
 before anything is submitted or started:
@@ -33,9 +34,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra.backends.interactive import InteractiveConfig
-from automodel_hydra.backends.skypilot import SkyPilotConfig
-from automodel_hydra.backends.slurm import SlurmConfig
+from automodel_hydra.backends.interactive_config import InteractiveConfig
+from automodel_hydra.backends.skypilot_config import SkyPilotConfig
+from automodel_hydra.backends.slurm_config import SlurmConfig
 from automodel_hydra.envvars import Ref, expand, split
 from automodel_hydra.schema import ConfigError, at_least, require
 
@@ -395,7 +396,7 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
         if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
-            from automodel_hydra.backends.slurm import AUTOMODEL_DEFAULTS
+            from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS
 
             data["slurm"] = dict(data["slurm"])
             for key, value in AUTOMODEL_DEFAULTS.items():

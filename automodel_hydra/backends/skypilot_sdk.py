@@ -11,27 +11,67 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
+import json
 import logging
 import os
 import re
 import time
 import typing as tp
 
-from automodel_hydra.backends.skypilot import (
-    SKYPILOT_CLOUDS,
-    STATE,
-    TASK_FILE,
-    Request,
-    SkyPilotPlanError,
-    SkyRef,
-    parse_result,
-)
+from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_env import expand
 from automodel_hydra.plan import JobResult, PreflightError, Submission
 from automodel_hydra.states import JobState
 
+if tp.TYPE_CHECKING:
+    from automodel_hydra.backends.skypilot import Request
+
 log = logging.getLogger(__name__)
+
+#: The planned task in the job's ``launch/`` (``sky launch launch/sky_task.yaml`` reruns it by hand).
+TASK_FILE = "sky_task.yaml"
+#: Node 0 prints ``<RESULT_MARK><result.json on one line>`` after training (read back by :func:`wait`).
+RESULT_MARK = "automodel-result: "
+#: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> the product's state names
+#: (Slurm's): a recovering managed job is PENDING (it will run again); SkyPilot's failure kinds are FAILED.
+STATE = {
+    "INIT": "PENDING", "PENDING": "PENDING", "SUBMITTED": "PENDING", "STARTING": "PENDING", "SETTING_UP": "PENDING",
+    "RUNNING": "RUNNING", "WINDING_DOWN": "RUNNING", "CANCELLING": "RUNNING", "RECOVERING": "PENDING",
+    "SUCCEEDED": "COMPLETED", "CANCELLED": "CANCELLED",
+    "FAILED": "FAILED", "FAILED_SETUP": "FAILED", "FAILED_PRECHECKS": "FAILED", "FAILED_NO_RESOURCE": "FAILED",
+    "FAILED_CONTROLLER": "FAILED", "FAILED_DRIVER": "FAILED",
+}
+
+
+class SkyPilotPlanError(ValueError):
+    """SkyPilot's own schema or ``sky.Task`` construction rejected the planned task; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SkyRef:
+    """A SkyPilot job: a managed job (``cluster`` None) or job ``job_id`` on an on-demand ``cluster``."""
+
+    job_id: str
+    cluster: str | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{self.cluster}:{self.job_id}" if self.cluster else self.job_id]
+
+    def cli(self, verb: str) -> str:
+        """The SkyPilot command for this job (``sky jobs logs 12``, ``sky logs dev 3``)."""
+        return f"sky {verb} {self.cluster} {self.job_id}" if self.cluster else f"sky jobs {verb} {self.job_id}"
+
+
+def parse_result(log_text: str) -> dict[str, tp.Any] | None:
+    """The job's final metrics from its log: the last :data:`RESULT_MARK` line (None when there is none)."""
+    for line in reversed(log_text.splitlines()):
+        if RESULT_MARK in line:
+            with contextlib.suppress(ValueError):
+                return json.loads(line.split(RESULT_MARK, 1)[1])
+    return None
 
 
 def sky_module() -> tp.Any:
