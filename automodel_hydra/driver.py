@@ -162,25 +162,26 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     impls = {name: backends.get(name) for name in by_backend}
     checked: set[str] = set()
     for p in jobs:
-        check_recipe(p.cfg, checked)
+        check_recipe(p.cfg, checked, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
     plans: dict[int, Plan[tp.Any]] = {}
+    facts: dict[str, tp.Any] = {}
     for name, idx in by_backend.items():
         impl = impls[name]
-        impl.preflight([jobs[i].cfg for i in idx])
+        facts[name] = impl.preflight([jobs[i].cfg for i in idx])
         for i in idx:
-            config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
-            plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
+            config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg, facts[name]))
+            plans[i] = impl.plan(jobs[i].cfg, jobs[i].job, facts[name])
         impl.check([plans[i] for i in idx])
     refuse_if_busy([p.job for p in jobs])
     for p in jobs:
-        refuse_finished_resume(p)
+        refuse_finished_resume(p, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
                                            p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
         if warning:
             log.warning(warning)
     dry = all(p.dry_run for p in jobs)
     outcomes = [Outcome(p) for p in jobs]
-    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir), idx)
+    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name]), idx)
                for name, idx in by_backend.items()]
     for p in jobs:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +228,7 @@ class Stopped(Exception):
     command that cancels it) and where the newest checkpoint is."""
 
 
-def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
+def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]],
                   sweep_dir: Path | None) -> str:
     """The stop line (:func:`automodel_hydra.plan.stop_line`) after Ctrl-C while waiting: local jobs were stopped
     with a checkpoint; Slurm and SkyPilot jobs keep running (only the waiting stopped)."""
@@ -266,15 +267,15 @@ def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
     return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {checkpoint_path(jobs[0])}"
 
 
-def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
+def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     """What the ranks will run, checked here before anything starts (each distinct recipe and model once, ``seen``
     holds what was checked): the recipe resolves (an AutoModel recipe class, a function that takes ``(cfg, dist,
     should_stop)``); AutoModel's own loader accepts the recipe's sections (when AutoModel is installed here); every
-    model the ranks load can be fetched where they run, when that is this machine's filesystem (local runs and
-    bare-metal Slurm; SkyPilot nodes and containers fetch on their own). Raises ValueError with one line."""
+    model the ranks load can be fetched where they run, when that is this machine's filesystem (``here``: the
+    backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`; SkyPilot nodes and containers fetch on
+    their own). Raises ValueError with one line."""
     from automodel_hydra import automodel_files, recipes
 
-    here = cfg.skypilot is None and (cfg.slurm is None or cfg.slurm.container_image is None)
     if not cfg.bundled:
         target = recipes.recipe_target(cfg.recipe)
         if target is not None and target not in seen:
@@ -377,11 +378,11 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
     return (int(m.group(1)), tp.cast(Path, target)) if m else None
 
 
-def refuse_finished_resume(p: Prepared) -> None:
+def refuse_finished_resume(p: Prepared, here: bool) -> None:
     """Refuse a job of the bundled recipe that would resume from a checkpoint past its ``step_scheduler.max_steps``:
-    it would train nothing and report no loss. Checked where the ranks see this machine's files (torchrun here,
-    Slurm without a container). Raises ConfigError naming the key, the checkpoint's step and path, and the fix."""
-    here = p.cfg.skypilot is None and (p.cfg.slurm is None or p.cfg.slurm.container_image is None)
+    it would train nothing and report no loss. Checked where the ranks see this machine's files (``here``: the
+    backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`). Raises ConfigError naming the key, the
+    checkpoint's step and path, and the fix."""
     if not p.cfg.bundled or not here:
         return
     found = resume_step(p)
@@ -405,7 +406,7 @@ def _announce(sub: Submission[tp.Any]) -> None:
             f.write(line + "\n")
 
 
-def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]]) -> None:
+def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]]) -> None:
     from automodel_hydra.progress import sweep_progress
 
     waited = [o for o in outcomes if o.sub is not None and o.sub.plan.wait]
@@ -581,7 +582,7 @@ def run_as_rank(cfg: DictConfig, launched_by: str) -> tp.Any:
                 str(o).startswith("hydra.run.dir=") for o in hc.overrides.hydra):
             raise ConfigError("hydra.run.dir", hc.run.dir, "srun started this command once per task, and each task "
                               "is one rank of one job, so they must share a run dir: give hydra.run.dir=DIR")
-        refuse_finished_resume(prepared)
+        refuse_finished_resume(prepared, here=True)  # this task is a rank: its files are these
     except USER_ERRORS as e:
         fail(one_line(e))
     job = prepared.job

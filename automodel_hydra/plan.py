@@ -3,13 +3,13 @@ implements (:class:`Backend`).
 
 A launch goes through these steps, in this order, for one job or a whole sweep (:mod:`automodel_hydra.driver`):
 
-1. ``preflight(cfgs)`` — every check that needs this machine (a mount source, a variable of the submitting
-   shell, a cluster limit); a dry run runs it too. Facts it reads (``MaxArraySize``, the devices here) are kept
-   on the backend instance for planning.
-2. ``plan(cfg, job) -> Plan`` — pure: config in, the exact files and a typed request out; no cloud SDK import,
-   no subprocess, no filesystem read. ``check(plans)`` then runs what needs the planned result and an SDK
-   (SkyPilot's own schema).
-3. ``batches(plans, sweep_dir) -> [Batch]`` — pure: the plans grouped the way they are submitted (one Slurm job
+1. ``preflight(cfgs) -> facts`` — every check that needs this machine (a mount source, a variable of the
+   submitting shell, a cluster limit); a dry run runs it too. It returns the facts it read (``MaxArraySize``, the
+   devices here, a bucket name), the backend's own typed value, and keeps nothing on the backend instance.
+2. ``plan(cfg, job, facts) -> Plan`` — pure: config and facts in, the exact files and a typed request out; no
+   cloud SDK import, no subprocess, no filesystem read. ``check(plans)`` then runs what needs the planned result
+   and an SDK (SkyPilot's own schema).
+3. ``batches(plans, sweep_dir, facts) -> [Batch]`` — pure: the plans grouped the way they are submitted (one Slurm job
    array per group of shared options; one torchrun group or SkyPilot task per job), with every file the launch
    leaves behind rendered once. The driver writes them; a dry run stops here.
 4. ``submit(batch) -> [Submission]`` — the side effect; writes nothing that planning wrote, so a dry run and a
@@ -48,6 +48,7 @@ CALL_ERROR_FILE = "call_error.pkl"
 
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
+FactsT = tp.TypeVar("FactsT")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,30 +227,44 @@ class PreflightError(RuntimeError):
     what is missing and how to fix it."""
 
 
-class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
-    """One launcher backend. Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``,
-    ``backends.skypilot.SkyPilot``; :func:`automodel_hydra.backends.get` returns one by name."""
+class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
+    """One launcher backend, generic over its typed request, its job reference and the facts its preflight reads.
+    Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``, ``backends.skypilot.SkyPilot``;
+    :func:`automodel_hydra.backends.get` returns one by name.
+
+    ``facts=None`` in :meth:`world_size`, :meth:`plan` and :meth:`batches` means "planned without a preflight"
+    (tests of planning alone): a backend whose planning needs none plans as usual; SkyPilot refuses."""
 
     #: the backend's name, as in ``launch/submission.json`` and ``launcher=NAME``
     name: tp.ClassVar[str]
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
-        """Checks that need this machine, for every job about to be planned; keeps facts planning needs on
-        ``self``. Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from here."""
+    @abc.abstractmethod
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
+        """Checks that need this machine, for every job about to be planned; returns the facts planning needs
+        (kept nowhere else). Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from
+        here."""
 
     @abc.abstractmethod
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: FactsT | None = None) -> int:
         """How many ranks the job runs (for the rules of :func:`automodel_hydra.config.check_world`)."""
 
     @abc.abstractmethod
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[RequestT]:
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: FactsT | None = None) -> Plan[RequestT]:
         """Plan one job (pure). Raises ConfigError naming the key when a value cannot be planned."""
+
+    @abc.abstractmethod
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        """Whether the job's ranks see this machine's filesystem as it is here (torchrun on this node, Slurm
+        without a container on a shared filesystem), so that what they will read can be checked here before
+        anything starts: a model to fetch, a checkpoint to resume from. False where they run on other disks
+        (SkyPilot nodes) or in a container (its own paths and mounts)."""
 
     def check(self, plans: tp.Sequence[Plan[RequestT]]) -> None:
         """Checks of the planned jobs that need this machine or the backend's SDK (SkyPilot's own task schema);
         run before anything is written. Raises an error naming the field."""
 
-    def batches(self, plans: tp.Sequence[Plan[RequestT]], sweep_dir: Path | None) -> list[Batch[RequestT]]:
+    def batches(self, plans: tp.Sequence[Plan[RequestT]], sweep_dir: Path | None,
+                facts: FactsT | None = None) -> list[Batch[RequestT]]:
         """Group plans the way they are submitted (pure); default: one batch per job."""
         return [job_batch(p) for p in plans]
 

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import typing as tp
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,30 @@ def test_a_rank_loads_no_launcher(tmp_path: Path) -> None:
     modules = json.loads(out.read_text())
     assert "torch" in modules and "automodel_hydra.bootstrap" in modules  # it ran as a rank (the worker is __main__)
     assert _loaded(modules) == []
+
+
+def test_preflight_returns_its_facts_and_keeps_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What planning needs of this machine travels from ``preflight`` to ``plan``/``batches`` as a value: the
+    backend object is the same after a preflight as before."""
+    from automodel_hydra import config
+    from automodel_hydra.backends.interactive import Devices, Interactive
+    from automodel_hydra.backends.slurm import Facts, Slurm
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: Slurm's default MaxArraySize
+    for backend, cfg, facts in [(Interactive(), config.load({"output_dir": str(tmp_path)}), Devices.here()),
+                                (Slurm(), config.load({"output_dir": str(tmp_path), "slurm": {}}), Facts())]:
+        before = dict(vars(backend))
+        assert backend.preflight([cfg]) == facts
+        assert vars(backend) == before
+
+
+def test_whether_ranks_see_this_filesystem_is_the_backends_answer(tmp_path: Path) -> None:
+    from automodel_hydra import backends, config
+
+    def cfg(**sections: tp.Any) -> config.TrainConfig:
+        return config.load({"output_dir": str(tmp_path), **sections})
+
+    assert backends.get("interactive").ranks_see_local_files(cfg())
+    assert backends.get("slurm").ranks_see_local_files(cfg(slurm={}))
+    assert not backends.get("slurm").ranks_see_local_files(cfg(slurm={"container_image": "nvcr.io/x"}))
+    assert not backends.get("skypilot").ranks_see_local_files(cfg(skypilot={}))

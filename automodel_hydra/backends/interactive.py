@@ -83,6 +83,19 @@ def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Devices:
+    """What :meth:`Interactive.preflight` counts here: visible CUDA devices and the CPU cores this process may
+    run on."""
+
+    gpus: int
+    cpus: tuple[int, ...]
+
+    @classmethod
+    def here(cls) -> Devices:
+        return cls(cuda_device_count(), tuple(cpu_cores()))
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     """What starting one torchrun group needs besides its script."""
 
@@ -282,41 +295,38 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
                                   f"(job dir {plan.job.job_dir}){tail}")
 
 
-class Interactive(Backend[Request, LocalRef]):
+class Interactive(Backend[Request, LocalRef, Devices]):
     """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
     name = "interactive"
 
     def __init__(self) -> None:
-        self.gpus: int | None = None
-        self.cpus: list[int] = []
         self._futures: dict[str, Future[JobResult]] = {}
         self._schedulers: list[_Scheduler] = []
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Devices:
         from automodel_hydra.config import host_problems
 
         for cfg in cfgs:
             for problem in host_problems(cfg):
                 raise problem
-        self.gpus, self.cpus = cuda_device_count(), cpu_cores()
+        return Devices.here()
 
-    def _devices(self) -> tuple[int, list[int]]:
-        if self.gpus is None:  # planned without a preflight (tests of planning alone)
-            self.gpus, self.cpus = cuda_device_count(), cpu_cores()
-        return self.gpus, self.cpus
+    def world_size(self, cfg: TrainConfig, facts: Devices | None = None) -> int:
+        devices = facts or Devices.here()  # none: planned without a preflight (tests of planning alone)
+        return resolve_nproc(cfg.interactive.nproc_per_node, devices.gpus, len(devices.cpus))
 
-    def world_size(self, cfg: TrainConfig) -> int:
-        gpus, cpus = self._devices()
-        return resolve_nproc(cfg.interactive.nproc_per_node, gpus, len(cpus))
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        return True
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Devices | None = None) -> Plan[Request]:
         """torchrun argv for ``cfg.interactive`` as a bash script (pure, given the devices preflight counted); for
         a call job, one process (:meth:`plan_call`)."""
+        devices = facts or Devices.here()  # none: planned without a preflight (tests of planning alone)
         if job.call is not None:
-            return self.plan_call(cfg, job)
+            return self.plan_call(cfg, job, devices)
         ic = cfg.interactive
-        gpus, cpus = self._devices()
+        gpus, cpus = devices.gpus, devices.cpus
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
         worker = worker_argv(job, python=sys.executable)
         prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
@@ -348,13 +358,13 @@ class Interactive(Backend[Request, LocalRef]):
                           str(job.workdir) if job.workdir else None)
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
 
-    def plan_call(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def plan_call(self, cfg: TrainConfig, job: JobSpec, devices: Devices) -> Plan[Request]:
         """A call job: ``launch/call.sh`` runs one process (no torchrun, no rendezvous) with this project on
         PYTHONPATH. In a sweep it gets one device slot like a 1-worker job (a GPU, else a CPU core), so calls run
         side by side, at most ``interactive.max_parallel`` at once. ``env_set`` and ``chdir`` are applied by
         Hydra's ``run_job`` in that process, so the script sets neither."""
         ic = cfg.interactive
-        gpus, _ = self._devices()
+        gpus = devices.gpus
         lines = [
             "#!/usr/bin/env bash",
             f"# {job.job_name!r}: one process running the Hydra job's task function (launch/{job.call_file.name}). "
@@ -369,7 +379,8 @@ class Interactive(Backend[Request, LocalRef]):
         return Plan(self.name, job, {CALL_SCRIPT: "\n".join(lines)}, request, wait=True,
                     group_key=(ic.max_parallel,))
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Devices | None = None) -> list[Batch[Request]]:
         """All jobs in one batch: they are packed onto this node's devices together."""
         files = {p.job.launch_dir / name: text for p in plans for name, text in p.files.items()}
         return [Batch(tuple(plans), files)]

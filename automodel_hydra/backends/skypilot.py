@@ -323,16 +323,15 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-class SkyPilot(Backend[Request, SkyRef]):
+class SkyPilot(Backend[Request, SkyRef, Facts]):
     """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
     name = "skypilot"
 
     def __init__(self) -> None:
-        self.facts: Facts | None = None
         self._access: dict[str | None, str | None] = {}  # cloud -> its credential problem, asked once
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Facts:
         """Read what planning needs from this machine (:class:`Facts`): the ``auto`` bucket name (user and host
         name), which of ``HF_TOKEN`` / ``WANDB_API_KEY`` are set, each ``job_dir`` (shell references, ``~`` and a
         relative path resolved here), the local files uploaded to the nodes. Raises ConfigError for a
@@ -356,23 +355,27 @@ class SkyPilot(Backend[Request, SkyRef]):
         user = os.environ.get("USER", "user")
         with contextlib.suppress(KeyError, OSError):
             user = getpass.getuser()
-        self.facts = Facts(default_bucket(user, socket.gethostname()),
-                           frozenset(n for n in SECRET_FIELDS.values() if os.environ.get(n)), job_dirs, paths)
+        return Facts(default_bucket(user, socket.gethostname()),
+                     frozenset(n for n in SECRET_FIELDS.values() if os.environ.get(n)), job_dirs, paths)
 
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         sc = cfg.skypilot
         assert sc is not None
         return sc.num_nodes * sc.nproc
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        return False  # cloud nodes: their own disks, this project synced, outputs in a bucket or on the node
+
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """:func:`make_plan` with the facts :meth:`preflight` read (SkyPilot's schema check is :meth:`check`).
 
         A call job (a Hydra task function that is not ours) is refused: :data:`CALL_REFUSAL` says why."""
         if job.call is not None:
             raise ConfigError("hydra.launcher.backend", "skypilot", CALL_REFUSAL)
-        if self.facts is None:
-            raise RuntimeError("SkyPilot.preflight(cfgs) must run before plan: planning reads no machine")
-        return make_plan(cfg, job, self.facts)
+        if facts is None:
+            raise RuntimeError("SkyPilot.plan needs the facts SkyPilot.preflight(cfgs) returns: planning reads no "
+                               "machine")
+        return make_plan(cfg, job, facts)
 
     def check(self, plans: tp.Sequence[Plan[Request]]) -> None:
         """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and every shell reference
@@ -383,7 +386,8 @@ class SkyPilot(Backend[Request, SkyRef]):
             skypilot_sdk.validate(p.request.task)
             skypilot_sdk.launch_values(p.request, os.environ)
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Facts | None = None) -> list[Batch[Request]]:
         """One batch per job: its launch files, and the same task files under ``<job_dir>/<key>/`` when
         ``skypilot.job_dir`` is set (AutoModel keeps a job's files there)."""
         out = []

@@ -138,6 +138,13 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :meth:`Slurm.preflight` read from the cluster: its MaxArraySize (``scontrol show config``)."""
+
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
 class SlurmRef:
     """A Slurm job: ``job_id`` is ``123``, or ``123_4`` for array task 4; ``submitted_at`` in epoch seconds."""
 
@@ -344,16 +351,12 @@ def _arrays(plans: tp.Sequence[Plan[Request]], size: int) -> list[tuple[str, lis
 # ----------------------------------------------------------------------------------------------- the backend
 
 
-class Slurm(Backend[Request, SlurmRef]):
+class Slurm(Backend[Request, SlurmRef, Facts]):
     """Slurm: a job per run, a job array per sweep group."""
 
     name = "slurm"
 
-    def __init__(self) -> None:
-        self.max_array_size = DEFAULT_MAX_ARRAY_SIZE
-        self._scripts: dict[int, Path] = {}  # id(batch) -> the script submit runs
-
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Facts:
         """sbatch's cluster answers (MaxArraySize read from it); container mount sources and ``${VAR}`` references
         of ``env_vars`` exist here. Raises PreflightError / ConfigError naming what is missing."""
         from automodel_hydra.config import host_problems
@@ -365,7 +368,7 @@ class Slurm(Backend[Request, SlurmRef]):
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
-            if sc.container_image is None:  # bare metal: the ranks see this host's filesystem
+            if self.ranks_see_local_files(cfg):
                 for problem in host_problems(cfg):
                     raise problem
             # (slurm.hf_home is created by the job itself: a cache dir need not exist before the first download)
@@ -380,13 +383,17 @@ class Slurm(Backend[Request, SlurmRef]):
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
-        self.max_array_size = max_array_size()
+        return Facts(max_array_size())
 
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
         return cfg.slurm.world_size
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        assert cfg.slurm is not None
+        return cfg.slurm.container_image is None  # bare metal: the nodes share this host's filesystem
+
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
 
         Raises
@@ -402,7 +409,8 @@ class Slurm(Backend[Request, SlurmRef]):
                     # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
                     name=str(dict(request.sbatch).get("job-name", SCRIPT)))
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Facts | None = None) -> list[Batch[Request]]:
         """A single run is its own batch; a sweep group is one job array per MaxArraySize tasks, its script in
         ``<sweep dir>/launch/`` (``sbatch.sh``, then ``sbatch_<first job num>.sh`` past MaxArraySize)."""
         if sweep_dir is None:
@@ -412,7 +420,7 @@ class Slurm(Backend[Request, SlurmRef]):
             groups.setdefault(p.group_key, []).append(p)
         out = []
         for group in groups.values():
-            for name, chunk in _arrays(group, self.max_array_size):
+            for name, chunk in _arrays(group, (facts or Facts()).max_array_size):
                 script = Path(sweep_dir) / "launch" / name
                 files = {p.job.launch_dir / n: t for p in chunk for n, t in p.files.items()}
                 files[script] = render(chunk[0].request, [p.job.job_dir for p in chunk], array=True)
