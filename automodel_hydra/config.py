@@ -262,18 +262,24 @@ LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", *LAUNC
 
 # ----------------------------------------------------------------------------------------------- loading
 
-#: AutoModel's key names -> ours: ``(section, alias, canonical section, canonical key)``. Normalised once, in
-#: :func:`load`; a config that sets both names to different values is refused, naming both.
+#: Every alias, AutoModel's key names -> ours: ``(section, alias, canonical section, canonical key)``. Normalised
+#: once, in :func:`load` (the launcher sections' also for another recipe's file, where AutoModel's names are
+#: usual); a config that sets both names to different values is refused, naming both. The alias keys stay in the
+#: schemas (so Hydra accepts them at compose time) and are None once normalised.
 ALIASES = (
     ("step_scheduler", "ckpt_every_steps", "step_scheduler", "checkpoint_interval"),
     ("checkpoint", "restore_from", "restore_from", "path"),
+    ("skypilot", "gpus_per_node", "skypilot", "nproc_per_node"),
+    ("skypilot", "job_name", "skypilot", "run_name"),
 )
 
 
-def _normalise_aliases(data: dict[str, tp.Any]) -> None:
+def _normalise_aliases(data: dict[str, tp.Any], sections: tp.Container[str] | None = None) -> None:
     """Move each alias's value to its canonical key (``data`` in place, its sections copied before a change); both
-    set to different values is an error."""
+    set to different values is an error. ``sections``: only the aliases of these sections (None: all)."""
     for section, alias, target_section, target in ALIASES:
+        if sections is not None and section not in sections:
+            continue
         node = data.get(section)
         if not isinstance(node, dict) or node.get(alias) is None:
             continue
@@ -288,7 +294,8 @@ def _normalise_aliases(data: dict[str, tp.Any]) -> None:
         target_node[target] = value
 
 
-_DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig()}
+_DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig(),
+                                 "skypilot": SkyPilotConfig()}
 
 
 def _omegaconf_value(cfg: DictConfig, text: str) -> str:
@@ -395,6 +402,7 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
     data = {str(k): v for k, v in container.items() if k != "hydra"}
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
+        _normalise_aliases(data, LAUNCH_KEYS)
         if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
             from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS
 

@@ -194,3 +194,27 @@ def test_whether_ranks_see_this_filesystem_is_the_backends_answer(tmp_path: Path
     assert backends.get("slurm").ranks_see_local_files(cfg(slurm={}))
     assert not backends.get("slurm").ranks_see_local_files(cfg(slurm={"container_image": "nvcr.io/x"}))
     assert not backends.get("skypilot").ranks_see_local_files(cfg(skypilot={}))
+
+
+def test_every_alias_is_in_the_one_table(tmp_path: Path) -> None:
+    """Each of AutoModel's names moves to ours through ``config.ALIASES`` alone (the bundled recipe's config and an
+    AutoModel file's launcher section alike); both names set to different values is one error naming both."""
+    from automodel_hydra import config
+    from automodel_hydra.schema import ConfigError
+
+    assert {(s, a) for s, a, _, _ in config.ALIASES} >= {("skypilot", "gpus_per_node"), ("skypilot", "job_name")}
+    values = {"ckpt_every_steps": 7, "restore_from": str(tmp_path), "gpus_per_node": 3, "job_name": "run-a"}
+    for section, alias, target_section, target in config.ALIASES:
+        for recipe in ({}, {"recipe": "m:f"}) if section in config.LAUNCH_KEYS else ({},):
+            cfg = config.load({"output_dir": str(tmp_path), **recipe, section: {alias: values[alias]}})
+            assert getattr(getattr(cfg, target_section), target) == values[alias]
+            assert getattr(getattr(cfg, section), alias, None) is None  # normalised: one key holds the value
+        other = {"ckpt_every_steps": 9, "restore_from": "/elsewhere", "gpus_per_node": 4, "job_name": "run-b"}[alias]
+        both = {section: {alias: values[alias]}}
+        both.setdefault(target_section, {})[target] = other
+        try:
+            config.load({"output_dir": str(tmp_path), **both})
+        except ConfigError as e:
+            assert str(e).startswith(f"{section}.{alias}") and f"{target_section}.{target}" in str(e)
+        else:
+            raise AssertionError(f"{section}.{alias} and {target_section}.{target} both set were accepted")

@@ -58,7 +58,8 @@ class SkyPilotConfig:
     job_dir: tp.Optional[str] = None
     # rendezvous port on the head node (each job has its own cluster)
     master_port: int = DEFAULT_PORT
-    # workers (ranks) per node; null = the accelerator count (1 without accelerators); gpus_per_node: AutoModel's name
+    # workers (ranks) per node; null = the accelerator count (1 without accelerators); gpus_per_node: AutoModel's
+    # name for it (config.ALIASES)
     nproc_per_node: tp.Optional[int] = None
     gpus_per_node: tp.Optional[int] = None
     # synced to every node as the working directory; null = this project's root
@@ -73,7 +74,7 @@ class SkyPilotConfig:
     checkpoint_mount: str = "/checkpoints"
     # the run's name on the cloud (task, managed job, default cluster name, bucket dir: a relaunch with the same name
     # resumes there), made a valid SkyPilot name (my_run -> my-run); null = <job name>-<hash of the output dir>;
-    # sweeps add -<num>. job_name: AutoModel's name for it
+    # sweeps add -<num>. job_name: AutoModel's name for it (config.ALIASES)
     run_name: tp.Optional[str] = None
     job_name: tp.Optional[str] = None
     # on-demand only: cluster name (null = the run name)
@@ -91,9 +92,6 @@ class SkyPilotConfig:
     max_requeues: tp.Optional[int] = None
 
     def __post_init__(self) -> None:
-        self.nproc_per_node = _alias("nproc_per_node", self.nproc_per_node, "gpus_per_node", self.gpus_per_node)
-        self.run_name = _alias("run_name", self.run_name, "job_name", self.job_name)
-        self.gpus_per_node = self.job_name = None  # normalised once: the canonical key holds the value
         if self.cloud is not None:
             require(self.cloud.lower() in SKYPILOT_CLOUDS, "skypilot.cloud", self.cloud,
                     f"one of {list(SKYPILOT_CLOUDS)}, or null for the cheapest cloud `sky check` enabled")
@@ -152,15 +150,6 @@ class SkyPilotConfig:
     def nproc(self) -> int:
         """torchrun workers per node: ``nproc_per_node``, else the accelerator count, else 1 (AutoModel's rule)."""
         return self.nproc_per_node or self.accelerator_count or 1
-
-
-def _alias(key: str, value: tp.Any, alias: str, alias_value: tp.Any) -> tp.Any:
-    """The value of ``skypilot.<key>``, given AutoModel's name for it; both set to different values is an error."""
-    if alias_value is None or alias_value == value:
-        return value
-    require(value is None, f"skypilot.{alias}", alias_value,
-            f"skypilot.{alias} is AutoModel's name for skypilot.{key}, which is set to {value!r}: set one of the two")
-    return alias_value
 
 
 #: S3/GCS bucket names; SkyPilot cluster names (``CLUSTER_NAME_VALID_REGEX`` of sky/skylet/constants.py).
