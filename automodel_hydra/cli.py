@@ -47,14 +47,6 @@ class CliError(Exception):
     """A mistake the user can fix; printed as one line, exit status 2."""
 
 
-def state_of(text: str) -> JobState:
-    """A backend's state string as a :class:`JobState` (UNKNOWN for anything else)."""
-    try:
-        return JobState(text)
-    except ValueError:
-        return JobState.UNKNOWN
-
-
 # ----------------------------------------------------------------------------------------------- records
 
 

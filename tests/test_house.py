@@ -218,3 +218,11 @@ def test_every_alias_is_in_the_one_table(tmp_path: Path) -> None:
             assert str(e).startswith(f"{section}.{alias}") and f"{target_section}.{target}" in str(e)
         else:
             raise AssertionError(f"{section}.{alias} and {target_section}.{target} both set were accepted")
+
+
+def test_the_package_has_its_version_from_the_package_metadata() -> None:
+    import importlib.metadata
+
+    import automodel_hydra
+
+    assert automodel_hydra.__version__ == importlib.metadata.version("automodel-hydra")

@@ -134,7 +134,6 @@ class Request:
     srun_args: tuple[str, ...]
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
-    ntasks: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +298,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), ntasks=1 if call else sc.world_size)
+                       if getattr(sc, k) is None)))
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
