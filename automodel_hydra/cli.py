@@ -28,6 +28,7 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState
 
 Record = dict[str, tp.Any]
@@ -43,7 +44,7 @@ SEARCH_ROOTS = ("outputs", "multirun")
 SEARCH_DEPTH = 4
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A mistake the user can fix; printed as one line, exit status 2."""
 
 
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CliError as e:
+    except UserError as e:  # CliError, and a backend's PreflightError (no sacct here, say)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `automodel-hydra status DIR | head`

@@ -39,11 +39,12 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    SubmitError,
     render_files,
     stop_line,
     write_record,
 )
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserError
 from automodel_hydra.states import JobState
 
 log = logging.getLogger(__name__)
@@ -493,6 +494,8 @@ def run(cfg: DictConfig) -> tp.Any:
         fail(one_line(e))
     except LAUNCH_ERRORS as e:
         fail_launch(e)
+    except Exception as e:
+        fail_unexpected(e)
     try:
         return outcome.value()
     except JobStoppedError as e:  # cancelled from elsewhere: a stop, the same line and status as Ctrl-C's
@@ -504,7 +507,10 @@ def run(cfg: DictConfig) -> tp.Any:
 
 
 #: Mistakes the user can fix before anything starts: reported as one line (exit status 2), never a traceback.
-USER_ERRORS = (ConfigError, PreflightError, OmegaConfBaseException, ValueError)
+#: Only our own type (:class:`~automodel_hydra.schema.UserError`: ConfigError, PreflightError, RecipeError, ...)
+#: and OmegaConf's errors about the config (a bad interpolation or type, with the key); any other exception is
+#: not the user's mistake (:func:`fail_unexpected`).
+USER_ERRORS = (UserError, OmegaConfBaseException)
 
 
 def one_line(error: BaseException) -> str:
@@ -524,14 +530,27 @@ def fail(message: str) -> tp.NoReturn:
     raise SystemExit(2)
 
 
-#: What goes wrong while submitting or running after every check passed (sbatch refused the job, a job failed,
-#: a file could not be written): exit 1 with the error's own line (:func:`fail_launch`).
-LAUNCH_ERRORS = (JobFailedError, RuntimeError, OSError)
+#: What goes wrong while submitting or running after every check passed (sbatch refused the job, the job dir is
+#: held by another run, a job failed): exit 1 with the error's own line (:func:`fail_launch`).
+LAUNCH_ERRORS = (JobFailedError, SubmitError)
 
 
 def fail_launch(error: BaseException) -> tp.NoReturn:
     """Exit 1 with ``error: <the error's line>`` (no traceback): the same for a single run and a sweep."""
     print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
+
+
+#: The last line of an exception that is none of ours: it is not the user's mistake, and says so.
+BUG_LINE = ("{kind}: {error} -- an unexpected error, not a mistake in the config: a bug of automodel-hydra (or of a "
+            "library it calls); please report it with the traceback above (also in the job's log)")
+
+
+def fail_unexpected(error: BaseException) -> tp.NoReturn:
+    """Exit 1 for an exception that is not a :data:`USER_ERRORS` or :data:`LAUNCH_ERRORS` one: its traceback is
+    logged (the console and, under Hydra, the job's log), then one last line says it is a bug to report."""
+    log.error("unexpected error", exc_info=error)
+    print("error: " + BUG_LINE.format(kind=type(error).__name__, error=error), file=sys.stderr, flush=True)
     raise SystemExit(1) from None
 
 

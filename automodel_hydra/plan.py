@@ -29,6 +29,7 @@ import json
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -222,9 +223,14 @@ def stop_line(stopped: tp.Sequence[str], running: tp.Sequence[str], where: Path 
     return "; ".join([*parts, checkpoint])
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """This machine cannot submit the planned jobs (a tool, a file or a variable is missing); one line saying
     what is missing and how to fix it."""
+
+
+class SubmitError(RuntimeError):
+    """Submitting failed after every check passed: the scheduler refused the job (``sbatch``'s or SkyPilot's own
+    message), or the job dir is held by another run. One line, exit status 1 (:data:`driver.LAUNCH_ERRORS`)."""
 
 
 class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):

@@ -226,3 +226,51 @@ def test_the_package_has_its_version_from_the_package_metadata() -> None:
     import automodel_hydra
 
     assert automodel_hydra.__version__ == importlib.metadata.version("automodel-hydra")
+
+
+# ----------------------------------------------------------------------------------------------- error split
+
+
+def _run_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """``driver.run`` of a single run whose launch raises ``error`` (the preparing is a stand-in: the error is
+    what is under test)."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobSpec
+
+    for var in ("SLURM_PROCID", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(driver, "prepare", lambda cfg, sweep: driver.Prepared(
+        tp.cast(tp.Any, None), JobSpec(Path("/nonexistent/run"), "train"), dry_run=False))
+
+    def launch(jobs: tp.Any, sweep_dir: tp.Any = None) -> tp.NoReturn:
+        raise error
+
+    monkeypatch.setattr(driver, "launch", launch)
+    driver.run(tp.cast(tp.Any, None))
+
+
+def test_a_user_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    from automodel_hydra.schema import ConfigError
+
+    with pytest.raises(SystemExit) as e:
+        _run_raising(monkeypatch, ConfigError("slurm.nodes", 0, "must be an integer >= 1"))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: slurm.nodes=0 is invalid: must be an integer >= 1\n"
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+@pytest.mark.parametrize("error", [ValueError("invalid literal for int() with base 10: 'x'"),
+                                   RuntimeError("dictionary changed size during iteration"),
+                                   OSError(28, "No space left on device"), KeyError("nodes")])
+def test_an_unexpected_exception_keeps_its_traceback_and_says_it_is_a_bug(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+        error: BaseException) -> None:
+    with pytest.raises(SystemExit) as e:
+        _run_raising(monkeypatch, error)
+    assert e.value.code == 1
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert record.exc_info is not None and record.exc_info[1] is error  # the traceback goes to the log
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {type(error).__name__}: ") and "a bug of automodel-hydra" in last

@@ -42,6 +42,7 @@ from automodel_hydra.plan import (
     JobSpec,
     Plan,
     Submission,
+    SubmitError,
     call_argv,
     rank_error,
     read_result,
@@ -136,14 +137,14 @@ def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
     for port in range(start, min(start + 2000, 65536)):
         if port not in exclude and port_is_free(port):
             return port
-    raise RuntimeError(f"no free TCP port in {start}..{start + 1999}")
+    raise SubmitError(f"no free TCP port in {start}..{start + 1999}")
 
 
 def lock_job_dir(job: JobSpec) -> int:
     """Take the job dir's run lock (``flock`` on ``launch/lock``) and return its fd; the torchrun group inherits it,
     so the lock lives exactly as long as the job's processes, whoever started them.
 
-    Raises RuntimeError naming the dir and the holder's pid when another run is using this dir (two runs writing
+    Raises SubmitError naming the dir and the holder's pid when another run is using this dir (two runs writing
     one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
     path = job.launch_dir / LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -152,8 +153,8 @@ def lock_job_dir(job: JobSpec) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise RuntimeError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
-                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
+        raise SubmitError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
+                          f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     (job.launch_dir / "pid").unlink(missing_ok=True)  # a pid left by an earlier run names another process now

@@ -72,13 +72,14 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    SubmitError,
     call_argv,
     rank_error,
     read_result,
     worker_argv,
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserValueError
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -196,7 +197,8 @@ def node_path(path: str) -> str:
 def _mount(source: str, dest: str, key: str) -> str:
     for path in (source, dest):
         if "," in path or ":" in path:
-            raise ValueError(f"{key}: {path!r} contains ',' or ':', which srun --container-mounts cannot express")
+            raise UserValueError(f"{key}: {path!r} contains ',' or ':', which srun --container-mounts cannot "
+                                 "express")
     return f"{source}:{dest}"
 
 
@@ -539,17 +541,17 @@ _SBATCH_HINTS = (
 
 def _sbatch(script: Path, env_refs: tp.Sequence[str] = ()) -> str:
     """Submit ``script`` (``sbatch --parsable``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
-    job sees ``env_refs``); returns the job id. Raises RuntimeError with sbatch's own message on failure."""
+    job sees ``env_refs``); returns the job id. Raises SubmitError with sbatch's own message on failure."""
     argv = ["sbatch", "--parsable", *sbatch_export_args(os.environ, env_refs), str(script)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_submit_env())
     if proc.returncode != 0:
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
-        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
+        raise SubmitError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
     try:
         return parse_job_id(proc.stdout)
-    except ValueError as e:
-        raise RuntimeError(f"sbatch {script}: {e}") from None
+    except SubmitError as e:
+        raise SubmitError(f"sbatch {script}: {e}") from None
 
 
 def _fresh_result(sub: Submission[SlurmRef]) -> bool:
