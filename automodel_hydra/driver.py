@@ -40,6 +40,7 @@ from automodel_hydra.plan import (
     PreflightError,
     Submission,
     SubmitError,
+    launch_dir,
     render_files,
     stop_line,
     write_record,
@@ -322,7 +323,7 @@ def own_checkpoint_dirs(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> 
     earlier: dict[str, str] = {}  # requested checkpoint dir -> the job dir of an earlier launch that asked for it
     if sweep_dir is not None:
         try:
-            records = json.loads((Path(sweep_dir) / "launch" / MANIFEST_FILE).read_text())["jobs"]
+            records = json.loads((launch_dir(sweep_dir) / MANIFEST_FILE).read_text())["jobs"]
             earlier = {r["checkpoint_dir_requested"]: r["job_dir"] for r in records if "checkpoint_dir_requested" in r}
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -456,7 +457,7 @@ def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
     """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
     records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
     ``automodel-hydra status|logs|cancel|report``."""
-    path = Path(sweep_dir) / "launch" / MANIFEST_FILE
+    path = launch_dir(sweep_dir) / MANIFEST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, dict[str, tp.Any]] = {}
     if path.exists():

@@ -35,6 +35,17 @@ from automodel_hydra.states import JobState, StateInfo
 if tp.TYPE_CHECKING:
     from automodel_hydra.config import TrainConfig
 
+#: The dir of a job (or of a sweep) that holds what launching it wrote: the plan's files, the rank-side spec, the
+#: submission record (a sweep's: its manifest and array scripts). :func:`launch_dir`; ``JobSpec``'s properties name
+#: each file, so these names live here only.
+LAUNCH_DIR = "launch"
+#: The rank-side spec every rank reads (``launch/job.yaml``).
+JOB_FILE = "job.yaml"
+#: A local job's run lock (``flock``, held by its processes), its torchrun group's pid, and the mark a cancel
+#: leaves (torchrun exits 1 on SIGTERM; the mark tells a cancelled job from a failed one).
+LOCK_FILE = "lock"
+PID_FILE = "pid"
+CANCELLED_MARK = "cancelled"
 #: The file rank 0 writes when a job completes (its final metrics); its presence means "completed".
 RESULT_FILE = "result.json"
 #: The job's submission record, and a sweep's list of them.
@@ -50,6 +61,11 @@ CALL_ERROR_FILE = "call_error.pkl"
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
 FactsT = tp.TypeVar("FactsT")
+
+
+def launch_dir(run_dir: Path | str) -> Path:
+    """``<run_dir>/launch``: a job's (:attr:`JobSpec.launch_dir`) or a sweep's launch dir."""
+    return Path(run_dir) / LAUNCH_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +92,7 @@ class JobSpec:
 
     @property
     def launch_dir(self) -> Path:
-        return self.job_dir / "launch"
+        return launch_dir(self.job_dir)
 
     @property
     def call_file(self) -> Path:
@@ -86,7 +102,7 @@ class JobSpec:
     @property
     def job_file(self) -> Path:
         """The rank-side spec every rank reads (``launch/job.yaml``)."""
-        return self.launch_dir / "job.yaml"
+        return self.launch_dir / JOB_FILE
 
     @property
     def log_file(self) -> Path:
@@ -107,6 +123,21 @@ class JobSpec:
     @property
     def record_file(self) -> Path:
         return self.launch_dir / RECORD_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        """A local job's run lock (``launch/lock``)."""
+        return self.launch_dir / LOCK_FILE
+
+    @property
+    def pid_file(self) -> Path:
+        """A local job's torchrun group pid (``launch/pid``)."""
+        return self.launch_dir / PID_FILE
+
+    @property
+    def cancelled_mark(self) -> Path:
+        """What a cancel of a local job leaves (``launch/cancelled``)."""
+        return self.launch_dir / CANCELLED_MARK
 
 
 def worker_argv(job: JobSpec, python: str = "python") -> list[str]:

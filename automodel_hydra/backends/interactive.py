@@ -34,6 +34,9 @@ from pathlib import Path
 from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
+    CANCELLED_MARK,
+    LOCK_FILE,
+    PID_FILE,
     RESULT_FILE,
     TORCHRUN_LOG_DIR,
     Backend,
@@ -44,6 +47,7 @@ from automodel_hydra.plan import (
     Submission,
     SubmitError,
     call_argv,
+    launch_dir,
     rank_error,
     read_result,
     worker_argv,
@@ -58,8 +62,6 @@ log = logging.getLogger(__name__)
 
 SCRIPT = "torchrun.sh"
 CALL_SCRIPT = "call.sh"
-CANCELLED_MARK = "cancelled"
-LOCK = "lock"
 
 
 def cuda_device_count() -> int:
@@ -146,7 +148,7 @@ def lock_job_dir(job: JobSpec) -> int:
 
     Raises SubmitError naming the dir and the holder's pid when another run is using this dir (two runs writing
     one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
-    path = job.launch_dir / LOCK
+    path = job.lock_file
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -157,13 +159,13 @@ def lock_job_dir(job: JobSpec) -> int:
                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    (job.launch_dir / "pid").unlink(missing_ok=True)  # a pid left by an earlier run names another process now
+    job.pid_file.unlink(missing_ok=True)  # a pid left by an earlier run names another process now
     return fd
 
 
 def job_running(job_dir: Path) -> bool:
     """Whether a run holds the job dir's lock right now (no pid guessing: a recycled pid cannot fool it)."""
-    path = Path(job_dir) / "launch" / LOCK
+    path = launch_dir(job_dir) / LOCK_FILE
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -207,7 +209,7 @@ class _Scheduler:
                     if len(running) >= self.max_parallel or (running and need > len(free)):
                         break
                     pending.pop(0)
-                    if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # cancelled while queued
+                    if self.plans[i].job.cancelled_mark.exists():  # cancelled while queued
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                         continue
                     devices, free = free[:need], free[need:]
@@ -218,7 +220,7 @@ class _Scheduler:
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
                     for i in pending:
-                        (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # status says so later
+                        self.plans[i].job.cancelled_mark.touch()  # status says so later
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                     pending = []
                 self.cond.wait(timeout=0.2)
@@ -254,7 +256,7 @@ class _Scheduler:
                                 start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
                                 cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
-        (plan.job.launch_dir / "pid").write_text(f"{proc.pid}\n")
+        plan.job.pid_file.write_text(f"{proc.pid}\n")
         self.procs[i] = proc
         return proc
 
@@ -264,7 +266,7 @@ class _Scheduler:
             self.cancelled = True
             for i, proc in self.procs.items():
                 if proc.poll() is None:
-                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # CANCELLED, not FAILED
+                    self.plans[i].job.cancelled_mark.touch()  # CANCELLED, not FAILED
                     stop_ranks(proc.pid)
             self.cond.notify_all()
 
@@ -288,7 +290,7 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
     out = plan.job.launch_dir / _out_name(plan)
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
+    cancelled = returncode in (-signal.SIGTERM, 143) or plan.job.cancelled_mark.exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
     why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
     what = "the call's process" if plan.job.call is not None else "torchrun"
@@ -390,7 +392,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         """Start the planned torchrun groups (packed onto free devices). Returns at once; see :meth:`wait`."""
         plans = batch.plans
         for p in plans:  # a rerun in the same dir starts uncancelled
-            (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
+            p.job.cancelled_mark.unlink(missing_ok=True)
         locks: list[int] = []
         try:
             for p in plans:  # every dir is ours before anything starts
@@ -431,7 +433,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
         for ref in refs:
             job_dir = Path(ref.job_dir)
-            (job_dir / "launch" / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
+            (launch_dir(job_dir) / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
             if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
                 stop_ranks(pid)
@@ -491,16 +493,16 @@ def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
     CANCELLED/FAILED; PENDING while a sweep's queue holds it."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
-    for result in (job_dir / RESULT_FILE, job_dir / "launch" / CALL_RESULT_FILE):  # a recipe's, a call's
+    for result in (job_dir / RESULT_FILE, launch_dir(job_dir) / CALL_RESULT_FILE):  # a recipe's, a call's
         if result.exists() and result.stat().st_mtime >= started_at - 1:
             return JobState.COMPLETED
-    if (job_dir / "launch" / CANCELLED_MARK).exists():
+    if (launch_dir(job_dir) / CANCELLED_MARK).exists():
         return JobState.CANCELLED
     return JobState.FAILED if _pid(job_dir) is not None else JobState.PENDING
 
 
 def _pid(job_dir: Path) -> int | None:
-    path = job_dir / "launch" / "pid"
+    path = launch_dir(job_dir) / PID_FILE
     try:
         return int(path.read_text())
     except (OSError, ValueError):

@@ -74,6 +74,7 @@ from automodel_hydra.plan import (
     Submission,
     SubmitError,
     call_argv,
+    launch_dir,
     rank_error,
     read_result,
     worker_argv,
@@ -422,7 +423,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         out = []
         for group in groups.values():
             for name, chunk in _arrays(group, (facts or Facts()).max_array_size):
-                script = Path(sweep_dir) / "launch" / name
+                script = launch_dir(sweep_dir) / name
                 files = {p.job.launch_dir / n: t for p in chunk for n, t in p.files.items()}
                 files[script] = render(chunk[0].request, [p.job.job_dir for p in chunk], array=True)
                 out.append(Batch(tuple(chunk), files))
