@@ -5,7 +5,7 @@ and ours, and the facts of SkyPilot 0.14.1 relied on.
 
 The contract's steps (:mod:`automodel_hydra.plan`):
 
-* :meth:`SkyPilot.preflight` reads what planning needs from this machine and keeps it as :class:`Facts`: the
+* :meth:`SkyPilot.preflight` reads what planning needs from this machine and returns it as :class:`Facts`: the
   per-user bucket name for ``checkpoint_bucket: auto`` (user and host name), which of ``HF_TOKEN`` /
   ``WANDB_API_KEY`` are set (names only), and each ``job_dir`` as an absolute path.
 * :func:`make_plan` is pure (no ``import sky``, reads only its arguments): ``launch/sky_task.yaml`` (the task) and
