@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from automodel_hydra.backends.interactive import LOCK, lock_job_dir
+from automodel_hydra.backends.interactive import lock_job_dir
+from automodel_hydra.plan import LOCK_FILE as LOCK
 from automodel_hydra.plan import JobSpec
 from tests.helpers import ROOT
 
@@ -78,7 +79,7 @@ def test_another_users_dir_is_refused_in_one_line_naming_the_owner(tmp_path: Pat
                 fcntl.flock(fd, fcntl.LOCK_UN)
             line = _as_user(nobody, lambda: lock_job_dir(JobSpec(job_dir=run, job_name="train")))
             assert "\n" not in line and "Traceback" not in line, line
-            assert line.startswith(f"RuntimeError: {run} belongs to user root"), line
+            assert line.startswith(f"SubmitError: {run} belongs to user root"), line
             assert ("a run of theirs is using it" in line) is busy, line
     finally:
         os.close(fd)
