@@ -74,7 +74,7 @@ def test_cpu_packing_stays_inside_the_affinity_mask_and_keeps_the_users_threads(
         seen = _run(_plans(tmp_path, 2, uses_gpus=False))
     finally:
         os.sched_setaffinity(0, mask)
-    for cvd, threads, cores in seen:
+    for _, threads, cores in seen:
         assert {int(c) for c in cores.split(",")} <= allowed
         assert threads == "3"
     assert interactive.pack_env([0, 1, 2, 3], False, 2, {}) == {"OMP_NUM_THREADS": "2"}

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 #: AutoModel's documented slurm block, as a user copies it (job_name, nodes, ntasks_per_node, time, partition)

@@ -369,7 +369,8 @@ def _directives(sc: SlurmConfig, automodel: bool = False) -> tuple[tuple[str, ob
     a bare flag, false = left out)."""
     options: dict[str, object | None] = {
         "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
-        "gpus-per-node": sc.gpus_per_node or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem, "account": sc.account,
+        "gpus-per-node": sc.gpus_per_node or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem,
+        "account": sc.account,
         "partition": sc.partition, "qos": sc.qos, "constraint": sc.constraint, "exclude": sc.exclude,
         # the time-limit warning: every rank checkpoints, then the job requeues itself (docs/slurm.md)
         "signal": f"USR2@{sc.checkpoint_margin_s}",
@@ -723,8 +724,8 @@ def _submit_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not (k.startswith(drop) or k in dist)}
 
 
-#: sbatch's words for a request the cluster cannot meet or "no cluster to talk to", and what the user is missing (slurm.conf(5): SLURM_CONF names the
-#: configuration; a configless cluster answers only on its login nodes).
+#: sbatch's words for a request the cluster cannot meet or for "no cluster to talk to", and what the user is
+#: missing (slurm.conf(5): SLURM_CONF names the configuration; a configless cluster answers only on its login nodes).
 _SBATCH_HINTS = (
     ("Unable to process configuration file", ": the Slurm configuration cannot be read; set SLURM_CONF to the "
      "cluster's slurm.conf, or submit from a login node"),
