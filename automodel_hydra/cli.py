@@ -505,7 +505,8 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     usage, about = __doc__.split("\n\n")[1:3]
     parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     description="Run a config file, and operate runs and sweeps after launch.\n\n" + usage,
+                                     description="Run a config file, and operate runs and sweeps after launch."
+                                                 "\n\n" + usage,
                                      epilog=about.replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"

@@ -88,7 +88,7 @@ def _keys_of(schema: tp.Any, cause: BaseException) -> list[str]:
         return [f.name for f in dataclasses.fields(schema)]
     parent = getattr(cause, "parent_node", None)
     try:
-        return [str(k) for k in parent.keys()] if parent is not None else []
+        return [str(k) for k in parent] if parent is not None else []
     except Exception:
         return []
 
