@@ -8,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from automodel_hydra import argv, config
+from automodel_hydra import argv, config, errors
 from automodel_hydra.driver import launchable, refuse_unselected_sections, run
 
 config.register()  # the typed schema the recipe's config starts from (llm_finetune_schema)
@@ -24,4 +24,4 @@ def main(cfg: DictConfig) -> object:
 if __name__ == "__main__":
     sys.argv[1:] = argv.for_user_config(sys.argv[1:])
     refuse_unselected_sections(__file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` without launcher=slurm: one line
-    main()
+    errors.run_hydra_main(main)  # an unknown key or a wrong type while Hydra composes: one line

@@ -3,7 +3,8 @@
 Both shapes run the file with our launcher and output dirs, without a line added to the file:
 
 * ``python train.py --config-dir D --config-name F [overrides]`` (Hydra's own shape);
-* ``automodel-hydra F.yaml [--a.b=c | a.b=c ...] [-m]`` (AutoModel's CLI shape: ``automodel cfg.yaml --a.b=c``).
+* ``automodel-hydra F.yaml [--a.b=c | a.b=c ...] [-m]`` (AutoModel's CLI shape: ``automodel cfg.yaml --a.b=c``),
+  and AutoModel's older ``automodel-hydra finetune llm -c F.yaml``: :func:`from_automodel_cli` has the forms.
 
 What :func:`for_user_config` adds, each only when the command line does not set it already: our Hydra launcher
 (``hydra/launcher=automodel``, so ``-m`` becomes one Slurm job array) and sweeper (``automodel_basic``), and our
@@ -14,6 +15,10 @@ command); ``dry_run=X`` becomes ``++dry_run=X`` (a user's file has no ``dry_run`
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
+import typing as tp
 from pathlib import Path
 
 #: Our default dirs (conf/hydra/automodel.yaml has the same for the bundled config).
@@ -50,9 +55,203 @@ def for_user_config(argv: list[str]) -> list[str]:
 
 
 def from_file(path: str, rest: list[str]) -> list[str]:
-    """``automodel-hydra F.yaml [args]`` as ``train.py`` arguments. Raises FileNotFoundError naming the file."""
+    """``automodel-hydra F.yaml [args]`` as ``train.py`` arguments. Raises FileNotFoundError naming the file.
+
+    The config dir Hydra searches is one that holds this file alone (:func:`config_dir_of`), not the file's own
+    dir: there, every subdir (``outputs/``, ``multirun/`` of past runs, anything else) would be a config group,
+    listed by ``--help`` and open to group overrides."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no such config file")
     file = file.resolve()
-    return for_user_config(["--config-dir", str(file.parent), "--config-name", file.stem, *rest])
+    return for_user_config(["--config-dir", str(config_dir_of(file)), "--config-name", file.stem, *rest])
+
+
+def config_dir_of(file: Path) -> Path:
+    """A dir that holds only ``file`` (a symlink to it, so the file is read where it is, every time):
+    ``<tmp>/automodel-hydra-<uid>/<hash of the file's path>/``, private to this user (0700; a dir there that is
+    not this user's is never used: a fresh private one is made instead). Made once per file path and reused."""
+    import hashlib
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / f"automodel-hydra-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        st = root.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(root)
+    except OSError:
+        root = Path(tempfile.mkdtemp(prefix="automodel-hydra-"))
+    home = root / hashlib.sha256(str(file).encode()).hexdigest()[:16]
+    home.mkdir(exist_ok=True)
+    link = home / file.name
+    if not (link.is_symlink() and os.readlink(link) == str(file)):
+        tmp = home / f".{file.name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(file)
+        os.replace(tmp, link)
+    return home
+
+
+# ----------------------------------------------------------------------------------------------- AutoModel's CLI
+
+#: AutoModel's older CLI (``automodel <command> <domain> -c FILE``, ``nemo_automodel/_cli/app.py`` up to the
+#: release that had its Slurm launcher) ran ``nemo_automodel/recipes/<domain>/<script>.py``'s ``main()``, the
+#: script named by ``COMMAND_ALIASES = {"finetune": "train_ft", "pretrain": "train_ft", "benchmark": "benchmark"}``
+#: (``kd`` -> ``kd.py``); each ``main()`` runs one recipe class, named here. ``finetune vlm`` is the VLM
+#: fine-tuning recipe of ``recipes/vlm/finetune.py`` (the alias named a ``vlm/train_ft.py`` that AutoModel never had).
+COMMAND_RECIPES = {
+    ("finetune", "llm"): "TrainFinetuneRecipeForNextTokenPrediction",
+    ("pretrain", "llm"): "TrainFinetuneRecipeForNextTokenPrediction",
+    ("kd", "llm"): "KnowledgeDistillationRecipeForNextTokenPrediction",
+    ("benchmark", "llm"): "BenchmarkingRecipeForNextTokenPrediction",
+    ("finetune", "vlm"): "FinetuneRecipeForVLM",
+    ("kd", "vlm"): "KnowledgeDistillationRecipeForVLM",
+}
+COMMANDS = ("finetune", "pretrain", "kd", "benchmark")
+DOMAINS = ("llm", "vlm")
+_NPROC = ("--nproc-per-node", "--nproc_per_node")
+#: Hydra's own flags, passed on as they are (those in the second set take a value)
+_HYDRA_FLAGS = frozenset({"-m", "--multirun", "-h", "--help", "--hydra-help", "--resolve", "-r", "--run",
+                          "--version", "-i", "--info"})
+_HYDRA_VALUE_FLAGS = frozenset({"--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+                                "--config-dir", "--experimental-rerun", "-sc", "--shell-completion"})
+_OVERRIDE = re.compile(r"^[~+]*[A-Za-z_@][\w.\-/@]*=")
+
+
+class UsageError(ValueError):
+    """An AutoModel command line that cannot mean here what it meant there; the message is one line saying what to
+    write instead."""
+
+
+def is_automodel_cli(argv: list[str]) -> bool:
+    """Whether ``argv`` (without the program) is one of AutoModel's CLI shapes: a config file (a ``.yaml``/``.yml``
+    argument, or ``-c``/``--config FILE``), or AutoModel's ``<command> <domain>`` words first."""
+    return bool(argv) and (argv[0] in COMMANDS or any(a in ("-c", "--config") or a.startswith("--config=")
+                                                       or not a.startswith("-") and a.endswith((".yaml", ".yml"))
+                                                       for a in argv))
+
+
+def from_automodel_cli(argv: list[str]) -> list[str]:
+    """AutoModel's command lines as ``train.py`` arguments (:func:`from_file`), with AutoModel's meaning:
+
+    * ``F.yaml`` (HEAD) or ``<command> <domain> -c F.yaml`` (the older CLI; ``--config F.yaml``), flags before or
+      after the file;
+    * ``--nproc-per-node N`` / ``--nproc_per_node N`` / ``--nproc-per-node=N``: ranks of a local run
+      (``interactive.nproc_per_node``);
+    * ``--a.b=c`` and ``--a.b c`` set a key (adding it when the file lacks it), a bare ``--flag`` sets it true
+      (AutoModel's ``parse_cli_argv``); Hydra's own arguments (``a.b=c``, ``-m``, ``--cfg job`` ...) pass through;
+    * the command and domain choose the recipe (:data:`COMMAND_RECIPES`) when the file names none.
+
+    Raises UsageError (one line, what to write instead): no file; an unknown command or domain; a command whose
+    recipe differs from the file's ``recipe:``; ``--nproc-per-node`` with a ``slurm:`` or ``skypilot:`` section
+    (AutoModel ignored it there); a file without ``recipe:`` whose sections are AutoModel's and no command.
+    FileNotFoundError when the file does not exist."""
+    file: str | None = None
+    nproc: str | None = None
+    words: list[str] = []
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        name, eq, value = a.partition("=")
+        if a in ("-c", "--config") or name == "--config" and eq:
+            if not eq and nxt is None:
+                raise UsageError(f"{a} needs the config file: {a} FILE.yaml")
+            file, i = (value, i + 1) if eq else (tp.cast(str, nxt), i + 2)
+            continue
+        if name in _NPROC:
+            if not eq and nxt is None:
+                raise UsageError(f"{a} needs a number of ranks: {a} N")
+            nproc, i = (value, i + 1) if eq else (tp.cast(str, nxt), i + 2)
+            continue
+        if a in _HYDRA_FLAGS or name in _HYDRA_VALUE_FLAGS and eq:
+            out.append(a)
+        elif a in _HYDRA_VALUE_FLAGS:
+            out += [a] + ([nxt] if nxt is not None else [])
+            i += 1
+        elif a.startswith("--") and len(a) > 2:  # AutoModel's --a.b=c, --a.b c, --flag
+            if eq:
+                out.append(f"++{name[2:]}={value}")
+            elif nxt is not None and not nxt.startswith("-") and not _OVERRIDE.match(nxt) and not (
+                    file is None and nxt.endswith((".yaml", ".yml"))):
+                out.append(f"++{a[2:]}={nxt}")
+                i += 1
+            else:
+                out.append(f"++{a[2:]}=true")
+        elif not a.startswith("-") and "=" not in a and file is None and a.endswith((".yaml", ".yml")):
+            file = a
+        elif not a.startswith("-") and "=" not in a and len(words) < 2 and not out:
+            words.append(a)
+        else:
+            out.append(a)
+        i += 1
+    command = None
+    if words:
+        if words[0] not in COMMANDS or len(words) < 2 or words[1] not in DOMAINS:
+            raise UsageError(f"{' '.join(words)}: AutoModel's CLI form is <command> <domain> -c FILE.yaml, with "
+                             f"<command> one of {', '.join(COMMANDS)} and <domain> one of {', '.join(DOMAINS)}; "
+                             "or name the file alone: automodel-hydra FILE.yaml")
+        command = (words[0], words[1])
+        if command not in COMMAND_RECIPES:
+            raise UsageError(f"{' '.join(command)}: AutoModel has no {command[0]} recipe for {command[1]}; name the "
+                             "recipe in the file (recipe: CLASS) and run automodel-hydra FILE.yaml")
+    if file is None:
+        shown = f"{' '.join(command)} " if command else ""
+        raise UsageError(f"no config file: automodel-hydra {shown}-c FILE.yaml (or automodel-hydra FILE.yaml)")
+    path = Path(file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{file}: no such config file")
+    sections = _top_level(path)
+    recipe = sections.get("recipe")
+    if command is not None:
+        wanted = COMMAND_RECIPES[command]
+        if recipe is None:
+            out.append(f"++recipe={wanted}")
+        elif _class_name(recipe) != wanted:
+            raise UsageError(f"{file} names recipe: {_class_name(recipe)}, and `{' '.join(command)}` means "
+                             f"{wanted}: run automodel-hydra {file} (the file's recipe), or change its recipe:")
+    elif recipe is None and _looks_like_automodel(sections):
+        raise UsageError(f"{file} names no recipe: and its sections are AutoModel's: run it as AutoModel's older "
+                         f"CLI did, automodel-hydra finetune llm -c {file} (or kd/benchmark/pretrain, llm/vlm), or "
+                         "add a line recipe: TrainFinetuneRecipeForNextTokenPrediction")
+    if nproc is not None:
+        launcher = next((s for s in ("slurm", "skypilot") if sections.get(s) is not None), None)
+        if launcher is not None:
+            where = "slurm.ntasks_per_node" if launcher == "slurm" else "skypilot.gpus_per_node"
+            raise UsageError(f"--nproc-per-node sets the ranks of a local run, and {file} has a {launcher}: section "
+                             f"(AutoModel ignored the flag there): write --{where}={nproc}")
+        out.append(f"++interactive.nproc_per_node={nproc}")
+    return from_file(str(path), out)
+
+
+def _top_level(path: Path) -> dict[str, tp.Any]:
+    """The file's top-level mapping as YAML reads it (``{}`` when it is not a mapping)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return {}  # Hydra reports the file's syntax error itself, naming the line
+    return data if isinstance(data, dict) else {}
+
+
+def _class_name(recipe: tp.Any) -> str:
+    target = recipe.get("_target_") if isinstance(recipe, dict) else recipe
+    return str(target).replace(":", ".").rsplit(".", 1)[-1]
+
+
+def _looks_like_automodel(sections: dict[str, tp.Any]) -> bool:
+    """Whether a file without ``recipe:`` holds sections only AutoModel's recipes read: a top-level section the
+    bundled recipe does not have, or a ``_target_`` anywhere (AutoModel's loader instantiates them)."""
+    from automodel_hydra.config import TrainConfig
+
+    ours = {f.name for f in dataclasses.fields(TrainConfig)} | {"hydra", "defaults", "nemo_run"}
+
+    def targets(value: tp.Any) -> bool:
+        if isinstance(value, dict):
+            return "_target_" in value or any(targets(v) for v in value.values())
+        return isinstance(value, list) and any(targets(v) for v in value)
+
+    return any(k not in ours for k in sections) or targets(sections)

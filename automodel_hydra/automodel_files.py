@@ -50,6 +50,59 @@ class ModelNotFetchableError(UserError, ValueError):
         self.model = model
 
 
+#: The ``distributed:`` keys of AutoModel's parallelism sizes that divide the world into data-parallel replicas
+#: (``nemo_automodel/recipes/_dist_utils.py``, ``_PARALLELISM_DEFAULTS``: absent or null = 1).
+MODEL_PARALLEL_KEYS = ("tp_size", "cp_size", "pp_size")
+
+
+def data_parallel_size(recipe_sections: Mapping[str, tp.Any], world_size: int) -> int:
+    """The data-parallel size an AutoModel recipe runs with on ``world_size`` ranks: the ``dp_size`` its
+    step scheduler divides ``global_batch_size`` by (``StepScheduler``: a multiple of ``local_batch_size *
+    dp_size``, where the recipe passes ``_get_dp_group_size()``, the size of its device mesh's ``dp`` axis).
+
+    AutoModel's rule (``nemo_automodel/components/distributed/mesh_utils.py``, ``_infer_dp_size``): an explicit
+    ``distributed.dp_size`` > 0 stands; otherwise ``world_size / (tp_size * cp_size * pp_size)``, and
+    ``world_size / (tp_size * cp_size)`` for ``strategy: megatron_fsdp`` (its mesh has no pipeline axis). Sizes
+    absent, null or AutoModel's ``none`` count as 1 (``dp_size``: inferred). A section or size that is not a
+    plain number (an interpolation) gives ``world_size``: nothing is decided for it here.
+
+    Raises ConfigError naming ``distributed.tp_size`` (or the size that does not divide) when the world size is
+    not a multiple of the model-parallel sizes, as AutoModel's mesh does ("world_size must be divisible by ...").
+    """
+    from automodel_hydra.schema import ConfigError
+
+    dist = recipe_sections.get("distributed")
+    if not isinstance(dist, Mapping):
+        return world_size
+
+    def size(key: str) -> int | None:
+        value = dist.get(key)
+        if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null", "~", ""):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(key)
+        return value
+
+    try:
+        explicit = size("dp_size")
+        if explicit is not None and explicit > 0:
+            return explicit
+        keys = MODEL_PARALLEL_KEYS[:2] if str(dist.get("strategy", "")).lower() == "megatron_fsdp" \
+            else MODEL_PARALLEL_KEYS
+        sizes = {k: max(size(k) or 1, 1) for k in keys}
+    except TypeError:
+        return world_size
+    non_dp = 1
+    for k in keys:
+        non_dp *= sizes[k]
+    if world_size % non_dp:
+        product = " * ".join(f"{k}={sizes[k]}" for k in keys)
+        first = next((k for k in keys if sizes[k] > 1), keys[0])
+        raise ConfigError(f"distributed.{first}", sizes[first], f"the world size {world_size} must be a multiple "
+                          f"of {product} = {non_dp} (AutoModel's device mesh)")
+    return world_size // non_dp
+
+
 def split_sections(cfg: Mapping[str, tp.Any]) -> tuple[dict[str, tp.Any], dict[str, tp.Any]]:
     """``(launcher_sections, recipe_sections)`` of a top-level config mapping (a dict or an OmegaConf DictConfig,
     taken without resolving interpolations, so ``${VAR}`` stays for AutoModel's loader). Both keep the input's key

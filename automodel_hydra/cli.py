@@ -1,5 +1,8 @@
-"""``automodel-hydra``: operate runs and sweeps after launch.
+"""``automodel-hydra``: run a config file (AutoModel's CLI shapes), and operate runs and sweeps after launch.
 
+    automodel-hydra FILE.yaml [--a.b=c] [-m a.b=x,y]   run FILE (an AutoModel YAML as it is) on our launchers
+    automodel-hydra finetune llm -c FILE.yaml [--nproc-per-node N]   AutoModel's older CLI (kd|benchmark, vlm)
+    automodel-hydra FILE.yaml --help        the file's launchers, keys and commands
     automodel-hydra runs                    past runs and sweeps here: dir, launcher, jobs, states, when
     automodel-hydra status [DIR]            one row per job: number, overrides, backend, job id(s), state
     automodel-hydra logs [DIR] [JOB]        follow a job's log until the job ends (--no-follow: print and exit)
@@ -496,7 +499,8 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     usage, about = __doc__.split("\n\n")[1:3]
     parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     description="Operate runs and sweeps after launch.\n\n" + usage,
+                                     description="Run a config file, and operate runs and sweeps after launch."
+                                                 "\n\n" + usage,
                                      epilog=about.replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"
@@ -542,8 +546,10 @@ def _note(state: JobState, reason: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0].endswith((".yaml", ".yml")):  # AutoModel's shape: automodel-hydra cfg.yaml [--a.b=c]
-        return launch_file(argv[0], argv[1:])
+    from automodel_hydra import argv as argv_shapes
+
+    if argv and argv[0] not in _SUBCOMMANDS and argv_shapes.is_automodel_cli(argv):  # automodel-hydra cfg.yaml ...
+        return launch_file(argv)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -555,15 +561,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def launch_file(path: str, rest: list[str]) -> int:
-    """``automodel-hydra F.yaml [overrides]``: ``python train.py`` on the file, unchanged
-    (:mod:`automodel_hydra.argv`)."""
+#: This CLI's own commands; anything else with a config file is one of AutoModel's CLI shapes.
+_SUBCOMMANDS = ("runs", "status", "logs", "cancel", "report")
+
+
+def launch_file(args: list[str]) -> int:
+    """``automodel-hydra F.yaml [overrides]`` and AutoModel's other CLI shapes: ``python train.py`` on the file,
+    unchanged (:func:`automodel_hydra.argv.from_automodel_cli`). A shape that cannot mean here what it meant in
+    AutoModel: one line, status 2."""
     from automodel_hydra import argv
 
     train_py = Path(__file__).resolve().parents[1] / "train.py"
     try:
-        args = argv.from_file(path, rest)
-    except FileNotFoundError as e:
+        args = argv.from_automodel_cli(args)
+    except (FileNotFoundError, argv.UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.execv(sys.executable, [sys.executable, str(train_py), *args])

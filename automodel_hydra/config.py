@@ -254,6 +254,14 @@ class TrainConfig:
         """Whether the ranks run this project's own recipe (typed sections) rather than another one."""
         return self.recipe is None
 
+    @property
+    def automodel(self) -> bool:
+        """Whether the ranks run an AutoModel recipe class (``recipes.kind_of``): AutoModel's launcher defaults and
+        template settings apply to it, not to the bundled recipe nor to a user's function."""
+        from automodel_hydra import recipes
+
+        return recipes.kind_of(self.recipe) == "automodel"
+
 
 #: The sections this product reads whatever the recipe; with a recipe other than the bundled one, every other
 #: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
@@ -403,7 +411,10 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
         _normalise_aliases(data, LAUNCH_KEYS)
-        if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
+        from automodel_hydra import recipes
+
+        kind = recipes.kind_of(data["recipe"])
+        if isinstance(data.get("slurm"), dict) and kind == "automodel":  # AutoModel's meaning for what is left out
             from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS
 
             data["slurm"] = dict(data["slurm"])
@@ -413,6 +424,8 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
                     data["slurm"][key] = {**copy.deepcopy(value), **mine}
                 else:
                     data["slurm"].setdefault(key, copy.deepcopy(value))
+        elif isinstance(data.get("slurm"), dict) and kind == "callable":  # named after the user's function
+            data["slurm"] = {"job_name": recipes.recipe_target(data["recipe"]), **data["slurm"]}
         sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
         data = {k: v for k, v in data.items() if k in LAUNCH_KEYS}
         data["recipe_sections"] = _escape(sections)
@@ -542,18 +555,22 @@ def _interpolated(value: tp.Any) -> bool:
 def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Rules that need the job's world size (ranks), checked at plan time so that a job never waits in a queue
     only to fail at its first step: the global batch is a whole number of micro-batches of all ranks (the
-    bundled recipe's rule, and AutoModel's ``StepScheduler``'s for its ``step_scheduler`` section). Raises
-    ConfigError naming the key."""
+    bundled recipe's rule, and AutoModel's ``StepScheduler``'s for its ``step_scheduler`` section, whose
+    replicas are the data-parallel ranks: :func:`automodel_files.data_parallel_size`). Raises ConfigError naming
+    the key."""
     if cfg.bundled:
         cfg.step_scheduler.grad_accumulation(world_size)
         return
     steps = cfg.recipe_sections.get("step_scheduler")
     if isinstance(steps, dict):
+        from automodel_hydra.automodel_files import data_parallel_size
+
         gbs, lbs = steps.get("global_batch_size"), steps.get("local_batch_size")
+        dp = data_parallel_size(cfg.recipe_sections, world_size)
         if isinstance(gbs, int) and isinstance(lbs, int) and lbs > 0:
-            require(gbs % (lbs * world_size) == 0, "step_scheduler.global_batch_size", gbs,
-                    f"a multiple of step_scheduler.local_batch_size * world size = {lbs} * {world_size} = "
-                    f"{lbs * world_size}")
+            what = "world size" if dp == world_size else f"data-parallel size (of world size {world_size})"
+            require(gbs % (lbs * dp) == 0, "step_scheduler.global_batch_size", gbs,
+                    f"a multiple of step_scheduler.local_batch_size * {what} = {lbs} * {dp} = {lbs * dp}")
 
 
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:

@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, profile, stops, yaml11
+from automodel_hydra import backends, config, errors, profile, stops, yaml11
 from automodel_hydra.plan import (
     MANIFEST_FILE,
     Backend,
@@ -157,6 +157,7 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     is written or anything submitted; a dry run stops after writing. Sweep jobs that would share one checkpoint
     dir get a subdir each (:func:`own_checkpoint_dirs`). Raises ConfigError / PreflightError (one line) for what
     can be fixed before submitting."""
+    errors.release()  # composing is over: what starts from here must not inherit HYDRA_FULL_ERROR
     requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
     jobs = own_checkpoint_dirs(jobs, sweep_dir)
     by_backend: dict[str, list[int]] = {}
@@ -517,6 +518,7 @@ def run(cfg: DictConfig) -> tp.Any:
 
     Returns the final training loss when the job was waited for, else None. A bad value exits with one line
     naming the key (status 2) before anything is written or started; a job that fails exits with status 1."""
+    errors.release()  # Hydra has composed this job's config (errors.run_hydra_main)
     launched_by = launched_rank()
     if launched_by is not None:
         return run_as_rank(cfg, launched_by)
@@ -551,8 +553,12 @@ USER_ERRORS = (UserError, OmegaConfBaseException)
 
 
 def one_line(error: BaseException) -> str:
-    """An error as the one line a user reads: a ConfigError's own line; OmegaConf's first line plus the full key
-    it names; anything else as it prints."""
+    """An error as the one line a user reads: a ConfigError's own line; an unknown key or a wrong type as
+    :func:`automodel_hydra.errors.describe` says it (the closest keys, the expected type); other OmegaConf errors'
+    first line plus the full key they name; anything else as it prints."""
+    line = errors.describe(error)
+    if line is not None:
+        return line
     if isinstance(error, OmegaConfBaseException):
         key = getattr(error, "full_key", None)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -192,11 +192,14 @@ def test_yaml11_implicit_types_never_change_a_launcher_value(tmp_path) -> None:
     assert "#SBATCH --time=45" in (tmp_path / "b" / "launch" / "sbatch.sh").read_text()
 
 
+AUTOMODEL_RECIPE = "nemo_automodel.recipes.llm.train_ft.TrainFinetuneRecipeForNextTokenPrediction"
+
+
 def test_an_automodel_recipes_slurm_section_gets_automodels_defaults_for_hardware_and_bill(tmp_path) -> None:
-    base = {"output_dir": str(tmp_path), "recipe": "my_pkg.train:main"}
+    base = {"output_dir": str(tmp_path), "recipe": AUTOMODEL_RECIPE}
     left_out = config.load({**base, "slurm": {"nodes": 2}}).slurm
     assert left_out is not None
-    assert (left_out.time, left_out.partition, left_out.gpus_per_node) == ("00:05:00", "batch", 0)
+    assert (left_out.time, left_out.partition, left_out.gpus_per_node) == ("00:05:00", "batch", None)
     assert left_out.sbatch_args == {"exclusive": None}
     given = config.load({**base, "slurm": {"time": "02:00:00", "partition": "gpu", "gpus_per_node": 8}}).slurm
     assert given is not None and (given.time, given.partition, given.gpus_per_node) == ("02:00:00", "gpu", 8)

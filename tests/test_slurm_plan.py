@@ -34,7 +34,8 @@ RECORD_VAR = "AUTOMODEL_HYDRA_RECORD_GOLDEN"
 JOB = JobSpec(job_dir=Path("/scratch/runs/2026-01-01/00-00-00"), job_name="train",
               project_root=Path("/src/automodel-hydra"))
 GOLDEN_OVERRIDES = [
-    "slurm.nodes=2", "slurm.ntasks_per_node=8", "slurm.time=1-00:00:00", "slurm.account=my_account",
+    "slurm.nodes=2", "slurm.ntasks_per_node=8", "slurm.gpus_per_node=8", "slurm.time=1-00:00:00",
+    "slurm.account=my_account",
     "slurm.partition=batch", "slurm.qos=high", "slurm.constraint=h100", "slurm.exclude=gpu-b7", "slurm.mem=512G",
     "slurm.cpus_per_task=12", "slurm.container_image=nvcr.io/nvidia/nemo:dev", "slurm.hf_home=/lustre/hf",
     "slurm.nemo_mount=/opt/automodel", "slurm.extra_mounts=['/usr:/data']", "slurm.master_port=20000",
@@ -90,7 +91,7 @@ def test_golden_sbatch_2nodes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_golden_options() -> None:
     d = directives(GOLDEN.read_text())
     assert d["time"] == "1440" and d["nodes"] == "2" and d["ntasks-per-node"] == "8"
-    assert d["gpus-per-node"] == "8"  # gpus_per_node defaults to ntasks_per_node
+    assert d["gpus-per-node"] == "8"  # given; left out, no GPU is requested (tests/test_automodel_rules.py)
     assert d["signal"] == "USR2@600" and "requeue" in d and d["mail-type"] == "END"
     assert "None" not in GOLDEN.read_text() and "wckey" not in d
 
@@ -307,7 +308,8 @@ def test_hf_home_that_cannot_be_exported_or_mounted_is_refused(value: str, why: 
 
 def _automodel_plan(tmp_path: Path, **slurm_fields: tp.Any) -> Plan[slurm.Request]:
     """A job of a recipe other than the bundled one (an AutoModel file's ``slurm:`` section)."""
-    cfg = config.load({"output_dir": str(tmp_path), "recipe": "my_pkg.train:main",
+    cfg = config.load({"output_dir": str(tmp_path),
+                       "recipe": "nemo_automodel.recipes.llm.train_ft.TrainFinetuneRecipeForNextTokenPrediction",
                        "slurm": {"ntasks_per_node": 2, **slurm_fields}})
     return slurm.Slurm().plan(cfg, JobSpec(tmp_path, "train"))
 

@@ -81,8 +81,39 @@ def cuda_device_count() -> int:
 
 
 def cpu_cores() -> list[int]:
-    """CPU cores this process may run on (its affinity mask, which containers and Slurm narrow)."""
+    """CPU cores this process may run on (its affinity mask, which containers, ``taskset`` and Slurm narrow)."""
     return sorted(os.sched_getaffinity(0))
+
+
+def visible_gpus(count: int, environ: tp.Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries: ``count`` (what CUDA sees,
+    :func:`cuda_device_count`) entries of the ``CUDA_VISIBLE_DEVICES`` the user or Slurm already set (indices or
+    ``GPU-``/``MIG-`` UUIDs, in their order), else ``0 .. count-1``.
+
+    A packed job gets a subset of these names, so a sweep started under ``CUDA_VISIBLE_DEVICES=2,3`` runs on 2 and
+    3, never on 0 and 1 (CUDA numbers the visible devices from 0, so an index of ours would name another GPU).
+    CUDA reads the list up to its first invalid entry (CUDA C Programming Guide, "CUDA Environment Variables"),
+    which is why only the first ``count`` entries are kept."""
+    env = os.environ if environ is None else environ
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in given.split(",") if d.strip()][:count]
+
+
+def pack_env(devices: tp.Sequence[tp.Any], uses_gpus: bool, nproc: int,
+             environ: tp.Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a packed sweep job gets on top of ``environ`` (default ``os.environ``) for its device slots
+    ``devices`` (entries of :func:`visible_gpus`, or CPU cores of :func:`cpu_cores`): its GPUs as
+    ``CUDA_VISIBLE_DEVICES``; on CPU cores ``OMP_NUM_THREADS`` (cores per worker) unless the environment already
+    sets it (then the user's thread count stands, as in ``torchrun.sh``). The cores themselves are applied as the
+    job's affinity (``os.sched_setaffinity``), a subset of this process's own mask."""
+    env = os.environ if environ is None else environ
+    if uses_gpus:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
+    if "OMP_NUM_THREADS" in env:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, len(devices) // nproc))}
 
 
 def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
@@ -235,7 +266,8 @@ class _Scheduler:
                  started_at: float) -> None:
         self.plans, self.quiet, self.locks, self.started_at = plans, quiet, locks, started_at
         first = plans[0].request
-        self.slots = list(range(cuda_device_count())) if first.uses_gpus else cpu_cores()
+        # what the environment already allows (CUDA_VISIBLE_DEVICES, the affinity mask) is what jobs share
+        self.slots: list[tp.Any] = visible_gpus(cuda_device_count()) if first.uses_gpus else cpu_cores()
         self.max_parallel = first.max_parallel or len(plans)
         self.futures: list[Future[JobResult]] = [Future() for _ in plans]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -248,7 +280,7 @@ class _Scheduler:
 
     def _loop(self) -> None:
         free = list(self.slots)
-        running: dict[int, tuple[list[int], int | None, subprocess.Popen[bytes]]] = {}
+        running: dict[int, tuple[list[tp.Any], int | None, subprocess.Popen[bytes]]] = {}
         ports: set[int] = set()
         pending = list(range(len(self.plans)))
         while pending or running:
@@ -284,18 +316,17 @@ class _Scheduler:
                         ports.discard(port)
                     self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.started_at))
 
-    def _start(self, i: int, devices: list[int], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
+    def _start(self, i: int, devices: list[tp.Any], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
         env = {**os.environ, **dict(plan.request.env)}
         env.pop("AUTOMODEL_RDZV_PORT", None)
         if port is not None:
             env["AUTOMODEL_RDZV_PORT"] = str(port)
         preexec = None
-        if packed and plan.request.uses_gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
-        elif packed:
-            env["OMP_NUM_THREADS"] = str(max(1, len(devices) // plan.request.nproc))
-            preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
+        if packed:
+            env.update(pack_env(devices, plan.request.uses_gpus, plan.request.nproc, env))
+            if not plan.request.uses_gpus:
+                preexec = lambda: os.sched_setaffinity(0, devices)  # noqa: E731
         if plan.job.call is not None:
             log.info("job %s: one process%s", plan.job.job_num or 0, f", devices {devices}" if packed else "")
         else:

@@ -92,8 +92,8 @@ SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
-#: What NeMo AutoModel's sbatch template fixed for every job, kept for a recipe other than the bundled one (an
-#: AutoModel file runs with the settings its recipes were developed under); each can be changed (docs/slurm.md,
+#: What NeMo AutoModel's sbatch template fixed for every job, kept for an AutoModel recipe (an AutoModel file
+#: runs with the settings its recipes were developed under); each can be changed (docs/slurm.md,
 #: "AutoModel's template"). Environment: task defaults (the submitting shell's value or an ``env_vars`` entry
 #: wins): one CUDA work queue per device (``CUDA_DEVICE_MAX_CONNECTIONS=1``, which tensor- and sequence-parallel
 #: communication overlap relies on to order its kernels), no ``recordStream`` on NCCL collectives' tensors
@@ -167,10 +167,10 @@ def _directives(sc: SlurmConfig, automodel: bool = False) -> tuple[tuple[str, ob
     """``cfg.slurm`` as sbatch options (sbatch(1) long names), in the order they are written; unset ones left out.
     ``automodel``: add :data:`AUTOMODEL_SBATCH`. ``sbatch_args`` come last and may add or change any option (null =
     a bare flag, false = left out)."""
-    gpus = sc.ntasks_per_node if sc.gpus_per_node is None else sc.gpus_per_node
     options: dict[str, object | None] = {
         "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
-        "gpus-per-node": gpus or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem, "account": sc.account,
+        "gpus-per-node": sc.gpus_per_node or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem,
+        "account": sc.account,
         "partition": sc.partition, "qos": sc.qos, "constraint": sc.constraint, "exclude": sc.exclude,
         # the time-limit warning: every rank checkpoints, then the job requeues itself (docs/slurm.md)
         "signal": f"USR2@{sc.checkpoint_margin_s}",
@@ -251,7 +251,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                         f"twice in slurm.time={sc.time}")
     if job.env:
         setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
-    if not cfg.bundled:
+    if cfg.automodel:
         setup += ["# AutoModel's template settings (the submitting shell's value or slurm.env_vars wins)",
                   *[f'export {k}="${{{k}:-{v}}}"' for k, v in AUTOMODEL_TASK_ENV.items()]]
     if hf_home:
@@ -293,7 +293,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
     argv = call_argv(spec, python=python) if call else worker_argv(spec, python=python)
     command = " ".join(_sh(a) for a in [*prefix, *argv])
-    directives = tuple((k, v) for k, v in _directives(sc, automodel=not cfg.bundled) if not (call and k == "signal"))
+    directives = tuple((k, v) for k, v in _directives(sc, automodel=cfg.automodel) if not (call and k == "signal"))
     return Request(sbatch=directives, array_parallelism=sc.array_parallelism, setup=tuple(setup),
                    container_image=sc.container_image, mounts=tuple(mounts),
                    mount_hf_home=in_container and bool(hf_home),
@@ -526,13 +526,16 @@ def _submit_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not (k.startswith(drop) or k in dist)}
 
 
-#: sbatch's words for "no cluster to talk to", and what the user is missing (slurm.conf(5): SLURM_CONF names the
-#: configuration; a configless cluster answers only on its login nodes).
+#: sbatch's words for a request the cluster cannot meet or for "no cluster to talk to", and what the user is
+#: missing (slurm.conf(5): SLURM_CONF names the configuration; a configless cluster answers only on its login nodes).
 _SBATCH_HINTS = (
     ("Unable to process configuration file", ": the Slurm configuration cannot be read; set SLURM_CONF to the "
      "cluster's slurm.conf, or submit from a login node"),
     ("Could not establish a configuration source", ": this machine has the Slurm client but no configuration; "
      "set SLURM_CONF to the cluster's slurm.conf, or submit from a login node"),
+    ("Invalid generic resource (gres) specification", ": slurm.gpus_per_node (#SBATCH --gpus-per-node) asks for "
+     "GPUs that this cluster or partition does not have: leave slurm.gpus_per_node out (no GPU request) or set "
+     "it to what the nodes have (sinfo -o '%P %G')"),
     ("Unable to contact slurm controller", ": the Slurm controller does not answer from here; submit from a login "
      "node, or check SLURM_CONF (scontrol ping)"),
     ("resolve", ": the Slurm controller's host name does not resolve here; submit from a login node, or check "

@@ -18,9 +18,10 @@ from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, 
 
 #: NeMo AutoModel's Slurm defaults (its SlurmConfig and sbatch template) for the keys that set the hardware or the
 #: bill, applied to an AutoModel recipe's ``slurm:`` section where the file leaves the key out, so the file asks for
-#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition, whole nodes (``--exclusive``) and
-#: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
-AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
+#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition and whole nodes (``--exclusive``);
+#: like AutoModel, no ``--gpus-per-node`` unless ``gpus_per_node`` is given (every recipe). The bundled recipe's and
+#: a user's function's defaults stay those of :class:`SlurmConfig`.
+AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch",
                                          "sbatch_args": {"exclusive": None}}
 #: The Slurm options of a call job (a Hydra task function that is not ours, ``hydra.launcher.slurm``) where they
 #: differ from :class:`SlurmConfig`'s: one task on one node, no GPU unless asked, and ``job_name: ""`` = the Hydra
@@ -142,7 +143,9 @@ class SlurmConfig:
     repo_root: tp.Optional[str] = None
     # wrap each task in nsys profile (same switch as profile=nsys)
     nsys_enabled: bool = False
-    # GPUs per node (--gpus-per-node); null = ntasks_per_node; 0 = request none
+    # GPUs per node (--gpus-per-node); null or 0 = no GPU request (AutoModel's meaning: its template writes
+    # --gpus-per-node only when the key is given), so a job runs on a cluster without GPUs; one GPU per task on a
+    # GPU cluster: set it to ntasks_per_node
     gpus_per_node: tp.Optional[int] = None
     cpus_per_task: tp.Optional[int] = None
     # memory per node, Slurm size string (e.g. 64G)

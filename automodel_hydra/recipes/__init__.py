@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import typing as tp
@@ -90,6 +91,34 @@ def recipe_target(spec: tp.Any) -> str | None:
         return raw.strip()
     what = "a mapping without _target_" if isinstance(spec, Mapping) and raw is None else repr(spec)
     raise RecipeError(f"recipe={what} is not a recipe name; valid: {_VALID}")
+
+
+def kind_of(spec: tp.Any) -> RecipeKind:
+    """The kind :func:`resolve` finds for a ``recipe:`` value, without importing NeMo AutoModel: bundled (None), an
+    AutoModel recipe (a bare class name, which only AutoModel's recipes answer; a name under ``nemo_automodel.``;
+    a class of the user's), or a callable (a function of the user's). A user's module is imported to tell a class
+    from a function (once per name); one that does not import counts as callable here, and :func:`resolve` names
+    the error at plan time. What depends on the kind: AutoModel's launcher defaults apply to AutoModel recipes
+    only (docs/recipes.md).
+
+    Raises RecipeError for a value that is not a recipe name (:func:`recipe_target`)."""
+    target = recipe_target(spec)
+    if target is None:
+        return "bundled"
+    return _kind_of_target(target)
+
+
+@functools.lru_cache(maxsize=64)
+def _kind_of_target(target: str) -> RecipeKind:
+    if ":" not in target and "." not in target or target.startswith("nemo_automodel."):
+        return "automodel"
+    try:
+        obj = _import(target)
+    except RecipeError:
+        return "callable"
+    if f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}" == BUNDLED:
+        return "bundled"
+    return "automodel" if inspect.isclass(obj) else "callable"
 
 
 def resolve(spec: tp.Any) -> Recipe:

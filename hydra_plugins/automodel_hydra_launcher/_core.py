@@ -165,7 +165,10 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
     fast = None if config.hydra.callbacks else FastJobs(composer, config, prepare)
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        ret = fast.run(idx, overrides) if fast is not None else None
+        try:
+            ret = fast.run(idx, overrides) if fast is not None else None
+        except Exception as e:  # a job's value of the wrong type: one line, nothing submitted
+            _fail_config(e)
         if ret is not None:  # set up as run_job would, its logging still in place for the launch line below
             returns.append(ret)
             configs.append(None)
@@ -178,6 +181,8 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             if message is None:
                 raise
             driver.fail(message)
+        except Exception as e:  # an unknown key or a wrong type in this job's overrides: one line
+            _fail_config(e)
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
@@ -222,6 +227,17 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             context.callbacks.on_job_end(config=job_config, job_return=ret)
         console()
     return returns
+
+
+def _fail_config(error: Exception) -> None:
+    """Exit with the one line for a config error of a job's composition (:func:`automodel_hydra.errors.describe`);
+    re-raise any other error."""
+    from automodel_hydra import errors
+
+    line = errors.describe(error)
+    if line is None:
+        raise error
+    driver.fail(line)
 
 
 def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[str]],

@@ -1,0 +1,114 @@
+"""AutoModel's CLI shapes through ``automodel-hydra`` (``automodel-hydra finetune llm -c FILE``, ``FILE.yaml``,
+``--nproc-per-node N`` with or without ``=``, ``--key value`` overrides, flags before the file) with AutoModel's
+meaning, one line for a form that cannot mean the same, and a ``--help`` that shows the file forms and lists only
+real config groups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from automodel_hydra import argv
+from tests.automodel_assets import SQUAD_YAML, cpu_overrides, rank_env
+from tests.helpers import ROOT
+
+pytest_plugins = ["tests.automodel_assets"]
+
+
+def _older_file(tmp_path: Path, extra: str = "") -> Path:
+    """AutoModel's example as its older releases had it: no ``recipe:`` line (the CLI command chose the recipe)."""
+    path = tmp_path / "llama3_2_1b_squad_old.yaml"
+    text = "".join(line for line in SQUAD_YAML.read_text().splitlines(keepends=True)
+                   if not line.startswith("recipe:"))
+    path.write_text(text + extra)
+    return path
+
+
+def _overrides(args: list[str]) -> list[str]:
+    return args[4:]  # after --config-dir D --config-name F
+
+
+def test_older_cli_shape_chooses_the_recipe_and_keeps_automodels_flags(tmp_path: Path) -> None:
+    old = _older_file(tmp_path)
+    for form in (["finetune", "llm", "-c", str(old), "--nproc-per-node=2"],
+                 ["finetune", "llm", "--nproc-per-node", "2", "--config", str(old)],  # flags before the file
+                 ["--nproc_per_node", "2", "finetune", "llm", "-c", str(old)]):
+        out = _overrides(argv.from_automodel_cli(form))
+        assert "++recipe=TrainFinetuneRecipeForNextTokenPrediction" in out, form
+        assert "++interactive.nproc_per_node=2" in out, form
+    kd = _overrides(argv.from_automodel_cli(["kd", "llm", "-c", str(old), "--model.pretrained_model_name_or_path",
+                                             "Qwen/Qwen3-0.6B", "--peft", "-m", "optimizer.lr=1e-5,3e-5"]))
+    assert "++recipe=KnowledgeDistillationRecipeForNextTokenPrediction" in kd
+    assert "++model.pretrained_model_name_or_path=Qwen/Qwen3-0.6B" in kd  # AutoModel's --key value
+    assert "++peft=true" in kd  # a bare --flag is true, as in AutoModel's parse_cli_argv
+    assert kd[kd.index("-m") + 1] == "optimizer.lr=1e-5,3e-5"  # Hydra's own arguments pass through
+    head = _overrides(argv.from_automodel_cli(["--nproc-per-node=3", str(SQUAD_YAML), "--a.b=c"]))
+    assert "++interactive.nproc_per_node=3" in head and "++a.b=c" in head
+    assert not any(o.startswith("++recipe=") for o in head)  # the file names its recipe
+
+
+@pytest.mark.parametrize(("form", "message"), [
+    (["finetune", "llm"], "no config file: automodel-hydra finetune llm -c FILE.yaml"),
+    (["train", "llm", "-c", "{old}"], "<command> one of finetune, pretrain, kd, benchmark"),
+    (["pretrain", "vlm", "-c", "{old}"], "AutoModel has no pretrain recipe for vlm"),
+    (["{old}"], "names no recipe: and its sections are AutoModel's: run it as AutoModel's older CLI did, "
+                "automodel-hydra finetune llm -c {old}"),
+    (["kd", "llm", "-c", str(SQUAD_YAML)], "names recipe: TrainFinetuneRecipeForNextTokenPrediction, and `kd llm` "
+                                           "means KnowledgeDistillationRecipeForNextTokenPrediction"),
+    (["finetune", "llm", "-c", "{slurm}", "--nproc-per-node=2"],
+     "has a slurm: section (AutoModel ignored the flag there): write --slurm.ntasks_per_node=2"),
+])
+def test_forms_that_cannot_mean_the_same_say_what_to_write(tmp_path: Path, form: list[str], message: str) -> None:
+    old = _older_file(tmp_path)
+    (tmp_path / "s").mkdir()
+    slurm = _older_file(tmp_path / "s", "slurm:\n  nodes: 1\n")
+    form = [a.format(old=old, slurm=slurm) for a in form]
+    with pytest.raises(argv.UsageError) as err:
+        argv.from_automodel_cli(form)
+    assert message.format(old=old) in str(err.value) and "\n" not in str(err.value)
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "automodel_hydra.cli", *args], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+
+
+def test_help_shows_the_file_forms_and_no_past_run_as_a_config_group(tmp_path: Path) -> None:
+    assert "automodel-hydra FILE.yaml" in _cli("--help", cwd=tmp_path).stdout
+    train_help = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120).stdout
+    assert "automodel-hydra FILE.yaml" in train_help
+    (tmp_path / "mine.yaml").write_text("step_scheduler:\n  max_steps: 3\n")
+    past = tmp_path / "outputs" / "2026-01-01" / "10-00-00-abcd" / ".hydra"  # a past run beside the file
+    past.mkdir(parents=True)
+    for name in ("config", "hydra", "overrides"):
+        (past / f"{name}.yaml").write_text("{}\n")
+    out = _cli("mine.yaml", "--help", cwd=tmp_path).stdout
+    assert "launcher: interactive, skypilot, slurm" in out, out
+    assert "outputs" not in out, out
+    (tmp_path / "launcher").mkdir()  # a dir beside the file is no config group either
+    (tmp_path / "launcher" / "slurm.yaml").write_text("bogus: 1\n")
+    out = _cli("mine.yaml", "--cfg", "job", "dry_run=true", cwd=tmp_path).stdout
+    assert "bogus" not in out and "max_steps: 3" in out, out
+
+
+@pytest.mark.automodel
+@pytest.mark.slow
+def test_an_older_file_trains_with_the_commands_recipe_on_nproc_ranks(tiny_llama_dir: Path, squad_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    pytest.importorskip("nemo_automodel")
+    old = _older_file(tmp_path)
+    run = tmp_path / "R"
+    overrides = [f"--{o}" for o in cpu_overrides(tiny_llama_dir, squad_dir, tmp_path / "ckpt", max_steps=2,
+                                                 ckpt_every_steps=2, val_every_steps=2)]
+    proc = _cli("finetune", "llm", "--nproc-per-node=2", "-c", str(old), *overrides, f"hydra.run.dir={run}",
+                cwd=tmp_path, env=rank_env())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "recipe: TrainFinetuneRecipeForNextTokenPrediction" in (run / "launch" / "job.yaml").read_text()
+    assert "--nproc_per_node=2" in (run / "launch" / "torchrun.sh").read_text()
+    rows = [json.loads(line) for line in (tmp_path / "ckpt" / "training.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]

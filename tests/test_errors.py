@@ -1,0 +1,52 @@
+"""An unknown key or a wrong type is one line, wherever the config is composed or validated: train.py's schema
+at compose time, a user's file (validated by config.load), each job of a sweep. The key, the closest valid keys,
+the section's keys where short; for a type, the key, the value and the expected type."""
+
+from __future__ import annotations
+
+import pytest
+
+from automodel_hydra import config, driver
+from tests.helpers import train_py
+
+
+def _last(proc) -> str:
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["step_scheduler.max_step=3"], "error: step_scheduler.max_step: no such key in step_scheduler; did you mean "
+                                    "max_steps? (its keys: max_steps, checkpoint_interval,"),
+    (["step_scheduler.max_steps=two"], "error: step_scheduler.max_steps='two' is invalid: expected an integer"),
+    (["launcher=slurm", "slurm.nodez=2"], "error: slurm.nodez: no such key in slurm; did you mean nodes?"),
+    (["launcher=slurmm"], "error: launcher=slurmm: no such option; did you mean slurm? (launcher: interactive, "),
+    (["-m", "optim.lr=1e-3", "step_scheduler.max_steps=1,two", "dry_run=true"],
+     "error: step_scheduler.max_steps='two' is invalid: expected an integer"),
+])
+def test_composition_errors_are_one_line(tmp_path, args: list[str], line: str) -> None:
+    proc = train_py(*args, f"hydra.run.dir={tmp_path / 'R'}", f"hydra.sweep.dir={tmp_path / 'S'}", check=False)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert _last(proc).startswith(line), proc.stdout[-2000:]
+    assert "+step_scheduler" not in proc.stdout and "full_key" not in proc.stdout and "Traceback" not in proc.stdout
+
+
+def test_a_users_file_and_its_launcher_section_get_the_same_line(tmp_path) -> None:
+    (tmp_path / "mine.yaml").write_text("step_scheduler:\n  max_steps: 3\ndist_env:\n  timeout_minute: 2\n")
+    proc = train_py("--config-dir", str(tmp_path), "--config-name", "mine", "dry_run=true",
+                    f"hydra.run.dir={tmp_path / 'R'}", check=False)
+    assert proc.returncode == 2
+    assert _last(proc) == ("error: dist_env.timeout_minute: no such key in dist_env; did you mean timeout_minutes? "
+                           "(its keys: timeout_minutes)"), proc.stdout[-2000:]
+    with pytest.raises(Exception) as err:
+        config.load({"slurm": {"nodes": "two"}, "output_dir": str(tmp_path)})
+    assert driver.one_line(err.value) == "slurm.nodes='two' is invalid: expected an integer"
+    with pytest.raises(Exception) as err:
+        config.load({"slurm": {"gpus_per_nod": 1}, "output_dir": str(tmp_path)})
+    assert driver.one_line(err.value).startswith("slurm.gpus_per_nod: no such key in slurm; did you mean gpus_per_node")
+
+
+def test_a_users_hydra_full_error_still_gets_hydras_traceback(tmp_path) -> None:
+    proc = train_py("step_scheduler.max_step=3", f"hydra.run.dir={tmp_path / 'R'}", env={"HYDRA_FULL_ERROR": "1"},
+                    check=False)
+    assert proc.returncode == 1 and "Traceback" in proc.stdout
