@@ -125,21 +125,21 @@ def job_spec_from_hydra(sweep: bool) -> JobSpec:
     )
 
 
-def prepare(cfg: DictConfig, sweep: bool = True, loader: config.SweepLoader | None = None,
-            container: dict[str, tp.Any] | None = None) -> Prepared:
+def prepare(cfg: DictConfig, sweep: bool = True,
+            load: tp.Callable[[DictConfig], config.TrainConfig] | None = None) -> Prepared:
     """Validate one job's composed config (inside its Hydra job context). Raises ConfigError naming the key, or an
     OmegaConf error for an unknown key or wrong type; writes nothing.
 
-    A sweep's launcher passes one ``loader`` for all its jobs (the same result, faster: :class:`config.SweepLoader`)
-    and may pass ``container``, ``OmegaConf.to_container(cfg, resolve=False)`` that it made (not changed here)."""
+    ``load`` turns the config into the typed one (default :func:`config.load`); the sweep fast path passes its
+    loader's, which gives the same result faster for a sweep's similar jobs."""
     job = job_spec_from_hydra(sweep)
     changes = yaml11.restorations(cfg, yaml11.config_files(), job.overrides)
     if changes:  # put back the file's text, on a copy (Hydra's job config is not ours to edit)
-        cfg, container = copy.deepcopy(cfg), None
+        cfg = copy.deepcopy(cfg)
         for key, value, text in changes:
             OmegaConf.update(cfg, key, text, force_add=True)
             log.info("read as text, not as YAML 1.1's implicit type: %s: %r -> %r", key, value, text)
-    train_cfg = config.load(cfg) if loader is None else loader.load(cfg, container=container)
+    train_cfg = (load or config.load)(cfg)
     return Prepared(train_cfg, job, bool(OmegaConf.select(cfg, "dry_run", default=False)))
 
 

@@ -50,8 +50,7 @@ from automodel_hydra import config as am_config
 from automodel_hydra.plan import JobFailedError, JobSpec
 from automodel_hydra.schema import ConfigError
 
-from ._compose import SweepComposer
-from ._jobs import FastJobs
+from . import _fast
 
 if tp.TYPE_CHECKING:
     from .launcher import AutomodelLauncher
@@ -156,23 +155,14 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"sweep dir: {sweep_dir}: preparing {len(job_overrides)} job(s)")
-    state = Singleton.get_state()
     planning = HydraContext(config_loader=context.config_loader,
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
-    returns: list[JobReturn] = []
-    configs: list[DictConfig | None] = []  # None: a job set up by _jobs (no callbacks to show it to)
-    console = lambda: configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # noqa: E731
-    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
-    fast = None if config.hydra.callbacks else FastJobs(composer, config, prepare)
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        ret = fast.run(idx, overrides) if fast is not None else None
-        if ret is not None:  # set up as run_job would, its logging still in place for the launch line below
-            returns.append(ret)
-            configs.append(None)
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            continue
+    configs: dict[int, DictConfig] = {}  # the jobs set up by the exact path, for their on_job_end callbacks
+
+    def exact(idx: int, overrides: tp.Sequence[str]) -> JobReturn:
+        """Hydra's own path for one job: ``load_sweep_config``, then ``run_job`` with the task's ``prepare``."""
         try:
-            sweep_config = composer.compose(overrides)
+            sweep_config = context.config_loader.load_sweep_config(config, list(overrides))
         except AssertionError:  # OmegaConf's answer to `slurm.nodes=4` when the job has no slurm: section
             message = driver.unselected_section_message(overrides)
             if message is None:
@@ -182,20 +172,11 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
-        returns.append(run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
-                               job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
-        configs.append(sweep_config)
-        # run_job left this job's logging in place: its launch line goes to the console and to its own log only
-        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-        console()
-        Singleton.set_state(state)
-        if fast is not None:
-            fast.invalidate()
-    if fast is not None and fast.jobs:
-        console()
-        Singleton.set_state(state)
-    log.debug(f"{fast.jobs if fast is not None else 0} of {len(job_overrides)} job(s) set up as copies of "
-              f"{composer.composed - composer.fallbacks} composed config(s); {composer.fallbacks} composed by Hydra")
+        configs[idx] = sweep_config
+        return run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
+                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+    returns = _fast.setup_jobs(context, config, prepare, job_overrides, initial_job_idx, exact)
     try:
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
@@ -208,17 +189,18 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
         driver.fail_launch(e)
-    for ret, job_config, outcome in zip(returns, configs, outcomes):
+    for idx, (ret, outcome) in enumerate(zip(returns, outcomes), start=initial_job_idx):
         try:
             ret.return_value = outcome.value()
         except JobFailedError as e:
             ret.status = JobStatus.FAILED
             ret.return_value = e
-        if job_config is None:
+        job_config = configs.get(idx)
+        if job_config is None:  # set up by the fast path: no callbacks to show it to
             continue
         with _job_context(job_config, ret):
             context.callbacks.on_job_end(config=job_config, job_return=ret)
-        console()
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     return returns
 
 
@@ -244,9 +226,8 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
     state = Singleton.get_state()
     jobs: list[driver.Prepared] = []
     configs: list[DictConfig] = []
-    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = composer.compose(overrides)
+        sweep_config = context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
