@@ -146,14 +146,17 @@ def prepare(cfg: DictConfig, sweep: bool = True,
 # ----------------------------------------------------------------------------------------------- launching
 
 
-def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[Outcome]:
+def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_needed: str | None = None
+           ) -> list[Outcome]:
     """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
 
     Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
     its dir not held by an unfinished job, the checkpoint it resumes from not past its last step) before any file
     is written or anything submitted; a dry run stops after writing. Sweep jobs that would share one checkpoint
     dir get a subdir each (:func:`own_checkpoint_dirs`). Raises ConfigError / PreflightError (one line) for what
-    can be fixed before submitting."""
+    can be fixed before submitting. ``results_needed``: why the caller needs every job's result (a sweeper that
+    chooses its next jobs from them); then a job that would not be waited for is refused, ConfigError naming the
+    setting (``slurm.detach``), before anything is written."""
     requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
     jobs = own_checkpoint_dirs(jobs, sweep_dir)
     by_backend: dict[str, list[int]] = {}
@@ -171,6 +174,9 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
             config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
             plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
         impl.check([plans[i] for i in idx])
+        if results_needed is not None and any(not plans[i].wait for i in idx):
+            key, waits = impl.wait_setting or (name, True)
+            raise ConfigError(key, not waits, f"{str(waits).lower()}: {results_needed}")
     refuse_if_busy([p.job for p in jobs])
     for p in jobs:
         refuse_finished_resume(p)

@@ -525,6 +525,7 @@ class SkyPilot(Backend[Request, SkyRef]):
     """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
     name = "skypilot"
+    wait_setting = ("skypilot.wait", True)
 
     def __init__(self) -> None:
         self.facts: Facts | None = None

@@ -553,6 +553,7 @@ class Slurm(Backend[Request, SlurmRef]):
     """Slurm: a job per run, a job array per sweep group."""
 
     name = "slurm"
+    wait_setting = ("slurm.detach", False)
 
     def __init__(self) -> None:
         self.max_array_size = DEFAULT_MAX_ARRAY_SIZE

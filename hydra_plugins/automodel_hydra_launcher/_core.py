@@ -131,6 +131,34 @@ def _call_train_config(backend: str, section: dict[str, tp.Any]) -> am_config.Tr
         raise ValueError(f"hydra.launcher: {driver.one_line(e)}") from None
 
 
+#: Hydra's basic sweeper (``hydra/sweeper=basic``): its jobs are fixed before any of them runs.
+_BASIC_SWEEPER = ("hydra._internal.core_plugins.basic_sweeper", "BasicSweeper")
+
+
+def results_needed(config: DictConfig) -> str | None:
+    """Why the sweep's sweeper needs every job's result, or None when it does not.
+
+    A sweeper that derives from Hydra's ``BasicSweeper`` (``basic``, ``automodel_basic``) fixes every job from the
+    command line before the first runs and reads a result only to raise a failed job's error. Any other sweeper
+    (Hydra's Optuna, Ax and Nevergrad sweepers) may choose each batch's jobs from the previous batch's results
+    (``JobReturn.return_value``), so each job must be waited for. Classes are compared by module and name: Hydra's
+    plugin scan re-executes plugin modules, which makes new class objects of the same classes."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.select(config, "hydra.sweeper._target_")
+    if not target:
+        return None
+    try:
+        mro = get_class(str(target)).__mro__
+    except Exception:  # (Hydra reports a sweeper it cannot import itself, before it gets here)
+        mro = ()
+    if any((c.__module__, c.__name__) == _BASIC_SWEEPER for c in mro):
+        return None
+    choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/sweeper") or target
+    return (f"hydra/sweeper={choice} is no BasicSweeper: it chooses each batch of jobs from the results of the "
+            "batch before, so every job must be waited for")
+
+
 def _sweep_job_dir(sweep_config: DictConfig) -> Path:
     """The job's output dir, as Hydra's ``run_job`` makes it from ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
     (with the job's HydraConfig set, for ``${hydra:job.num}`` and friends)."""
@@ -181,7 +209,7 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
                 ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
-        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
+        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir, results_needed(config))
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
         raise SystemExit(130) from None
@@ -242,7 +270,7 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         Singleton.set_state(state)
     launched = time.time()
     try:
-        outcomes = driver.launch(jobs, sweep_dir)
+        outcomes = driver.launch(jobs, sweep_dir, results_needed(config))
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
         raise SystemExit(130) from None
