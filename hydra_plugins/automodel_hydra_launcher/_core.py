@@ -4,9 +4,9 @@ running.
 1. A task function that declares the interface we plan through (``automodel_hydra.driver.launchable``,
    ``train.py``'s) is planned as below. Any other task function (any Hydra app) runs each job as a *call job* on
    the backend ``hydra.launcher.backend`` names (:func:`launch_calls`), never in this process.
-2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
-   config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
-   function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
+2. Every job is set up by the sweep fast path (``_fast.setup_jobs``) or, where it does not apply, by the exact
+   path: compose its config with Hydra's ``load_sweep_config``, set ``hydra.job.id/num``, and run Hydra's own
+   ``run_job`` with the task function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
    calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing). The job's launch
    line (``#N : overrides``) goes to the console and to that job's own log, never to another job's.
 3. If any job failed to prepare (a bad value), stop before anything is submitted, with one line naming the key.
@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from automodel_hydra import call, driver
 from automodel_hydra import config as am_config
 from automodel_hydra.plan import JobFailedError, JobSpec
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserValueError
 
 from . import _fast
 
@@ -128,7 +128,7 @@ def _call_train_config(backend: str, section: dict[str, tp.Any]) -> am_config.Tr
     except ConfigError as e:
         raise ConfigError(f"hydra.launcher.{e.key}", e.value, e.valid) from None
     except driver.USER_ERRORS as e:
-        raise ValueError(f"hydra.launcher: {driver.one_line(e)}") from None
+        raise UserValueError(f"hydra.launcher: {driver.one_line(e)}") from None
 
 
 #: Hydra's basic sweeper (``hydra/sweeper=basic``): its jobs are fixed before any of them runs.
@@ -217,6 +217,8 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
         driver.fail_launch(e)
+    except Exception as e:  # a bug: its traceback, and a line saying so
+        driver.fail_unexpected(e)
     for idx, (ret, outcome) in enumerate(zip(returns, outcomes), start=initial_job_idx):
         try:
             ret.return_value = outcome.value()
@@ -278,6 +280,8 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:
         driver.fail_launch(e)
+    except Exception as e:
+        driver.fail_unexpected(e)
     return [_call_return(outcome, sweep_config, launched) for outcome, sweep_config in zip(outcomes, configs)]
 
 
