@@ -128,35 +128,38 @@ def job_spec_from_hydra(sweep: bool) -> JobSpec:
     )
 
 
-def prepare(cfg: DictConfig, sweep: bool = True, loader: config.SweepLoader | None = None,
-            container: dict[str, tp.Any] | None = None) -> Prepared:
+def prepare(cfg: DictConfig, sweep: bool = True,
+            load: tp.Callable[[DictConfig], config.TrainConfig] | None = None) -> Prepared:
     """Validate one job's composed config (inside its Hydra job context). Raises ConfigError naming the key, or an
     OmegaConf error for an unknown key or wrong type; writes nothing.
 
-    A sweep's launcher passes one ``loader`` for all its jobs (the same result, faster: :class:`config.SweepLoader`)
-    and may pass ``container``, ``OmegaConf.to_container(cfg, resolve=False)`` that it made (not changed here)."""
+    ``load`` turns the config into the typed one (default :func:`config.load`); the sweep fast path passes its
+    loader's, which gives the same result faster for a sweep's similar jobs."""
     job = job_spec_from_hydra(sweep)
     changes = yaml11.restorations(cfg, yaml11.config_files(), job.overrides)
     if changes:  # put back the file's text, on a copy (Hydra's job config is not ours to edit)
-        cfg, container = copy.deepcopy(cfg), None
+        cfg = copy.deepcopy(cfg)
         for key, value, text in changes:
             OmegaConf.update(cfg, key, text, force_add=True)
             log.info("read as text, not as YAML 1.1's implicit type: %s: %r -> %r", key, value, text)
-    train_cfg = config.load(cfg) if loader is None else loader.load(cfg, container=container)
+    train_cfg = (load or config.load)(cfg)
     return Prepared(train_cfg, job, bool(OmegaConf.select(cfg, "dry_run", default=False)))
 
 
 # ----------------------------------------------------------------------------------------------- launching
 
 
-def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[Outcome]:
+def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_needed: str | None = None
+           ) -> list[Outcome]:
     """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
 
     Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
     its dir not held by an unfinished job, the checkpoint it resumes from not past its last step) before any file
     is written or anything submitted; a dry run stops after writing. Sweep jobs that would share one checkpoint
     dir get a subdir each (:func:`own_checkpoint_dirs`). Raises ConfigError / PreflightError (one line) for what
-    can be fixed before submitting."""
+    can be fixed before submitting. ``results_needed``: why the caller needs every job's result (a sweeper that
+    chooses its next jobs from them); then a job that would not be waited for is refused, ConfigError naming the
+    setting (``slurm.detach``), before anything is written."""
     errors.release()  # composing is over: what starts from here must not inherit HYDRA_FULL_ERROR
     requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
     jobs = own_checkpoint_dirs(jobs, sweep_dir)
@@ -176,6 +179,9 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
             config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg, facts[name]))
             plans[i] = impl.plan(jobs[i].cfg, jobs[i].job, facts[name])
         impl.check([plans[i] for i in idx])
+        if results_needed is not None and any(not plans[i].wait for i in idx):
+            key, waits = impl.wait_setting or (name, True)
+            raise ConfigError(key, not waits, f"{str(waits).lower()}: {results_needed}")
     refuse_if_busy([p.job for p in jobs])
     for p in jobs:
         refuse_finished_resume(p, impls[p.cfg.backend].ranks_see_local_files(p.cfg))

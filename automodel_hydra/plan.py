@@ -277,6 +277,9 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
 
     #: the backend's name, as in ``launch/submission.json`` and ``launcher=NAME``
     name: tp.ClassVar[str]
+    #: the setting that decides whether a sweep's jobs are waited for, as ``(key, the value that waits)``
+    #: (``("slurm.detach", False)``); None: they always are
+    wait_setting: tp.ClassVar[tuple[str, bool] | None] = None
 
     @abc.abstractmethod
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:

@@ -1,5 +1,5 @@
-"""``_compose``: every job config equals Hydra's own ``load_sweep_config`` for the same overrides, ``hydra.*`` nodes
-included, while Hydra composes only once per distinct set of config-group choices."""
+"""``_fast._compose``: every job config equals Hydra's own ``load_sweep_config`` for the same overrides,
+``hydra.*`` nodes included, while Hydra composes only once per distinct set of config-group choices."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hydra.core.utils import setup_globals
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hydra_plugins.automodel_hydra_launcher._compose import SweepComposer, iter_sweep_configs, sweep_configs
+from hydra_plugins.automodel_hydra_launcher._fast._compose import SweepComposer
 from tests.helpers import CONF
 
 # the sweep's own command line: sweeps (expanded by the sweeper, skipped by the master compose) and hydra settings
@@ -161,11 +161,3 @@ def test_a_value_override_that_meets_a_base_override_is_composed_by_hydra(sweep:
     # a dict on a config group's key is no group choice: Hydra merges it after composing, in command-line order
     assert composer.compose(JOBS["group-key-dict"]).profile.nsys.start_step == 2
     assert composer.fallbacks == 1
-
-
-def test_sweep_configs_in_order_and_lazily(sweep: Sweep) -> None:
-    jobs = [JOBS["value"], JOBS["group+value"], JOBS["two-groups"]]
-    configs = sweep_configs(sweep.loader, sweep.master, jobs)
-    assert [list(c.hydra.overrides.task) for c in configs] == jobs
-    lazy = iter_sweep_configs(sweep.loader, sweep.master, iter(jobs))
-    assert_same(next(lazy), configs[0])

@@ -5,106 +5,18 @@ validation result, and each bad value's error."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing as tp
 from pathlib import Path
 
 import pytest
-import yaml
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.singleton import Singleton
-from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from automodel_hydra import config
-from hydra_plugins.automodel_hydra_launcher._compose import simple_override
-from hydra_plugins.automodel_hydra_launcher._jobs import _self_contained, to_yaml
-from hydra_plugins.automodel_hydra_launcher.sweeper import job_overrides
-from tests.helpers import CONF, compose_cfg, train_py
-
-CALLBACK = "tests.hydra_callbacks.RecordJobEnd"
-VERBOSE = "hydra.verbose=[hydra_plugins.automodel_hydra_launcher._core]"  # the launcher's count of fast jobs
-
-SWEEPS = {
-    # group overrides (launcher=, profile=), value sweeps, an interpolation, override-dirname settings
-    "groups-values": ["seed=0,1", "launcher=slurm,interactive", "profile=none,nsys", "optim.lr=1e-4,3e-4",
-                      "optim.weight_decay=${optim.lr}", "hydra.job.config.override_dirname.exclude_keys=[seed]"],
-    # + / ++ / ~ on a launcher's dict, an interpolated text value, a per-job env_set value
-    "add-delete": ["seed=0,1", "launcher=slurm", "+slurm.env_vars.FOO=a,b", "++slurm.env_vars.BAR=x",
-                   "~slurm.env_vars.BAR", "slurm.job_name=run_${seed}", "++hydra.job.env_set.PROBE=j${hydra:job.num}"],
-}
-
-
-def _files(root: Path) -> dict[str, Path]:
-    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _hydra_node(path: Path, root: Path) -> dict[str, tp.Any]:
-    node = yaml.safe_load(path.read_text().replace(str(root), "D"))["hydra"]
-    for key in ("callbacks", "sweep"):  # the second run has a callback and its own dir
-        node.pop(key)
-    node["overrides"].pop("hydra")
-    return tp.cast(dict, node)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("args", list(SWEEPS.values()), ids=list(SWEEPS))
-def test_every_job_is_what_hydra_composes_and_run_job_writes(tmp_path: Path, args: list[str]) -> None:
-    fast, slow = tmp_path / "fast", tmp_path / "slow"
-    out = train_py("-m", *args, "dry_run=true", f"hydra.sweep.dir={fast}", VERBOSE).stdout
-    task = [a for a in args if not a.startswith(("hydra.", "++hydra."))] + ["dry_run=true"]
-    jobs = job_overrides(OverridesParser.create().parse_overrides(task))
-    assert f"{len(jobs)} of {len(jobs)} job(s) set up as copies" in out  # the fast path was taken for every job
-    # the same sweep through run_job (a callback makes the launcher use it), which also sees every job end
-    train_py("-m", *args, "dry_run=true", f"hydra.sweep.dir={slow}", VERBOSE, f"+hydra.callbacks.r._target_={CALLBACK}",
-             f"+hydra.callbacks.r.path={tmp_path / 'ends'}")
-    assert sorted(int(n) for n in re.findall(r'"num": (\d+)', (tmp_path / "ends").read_text())) == list(
-        range(len(jobs)))
-
-    a, b = _files(fast), _files(slow)
-    assert a.keys() == b.keys()
-    for name, path in a.items():
-        if name.endswith("train.log"):  # one line each, the same but for its time
-            assert path.read_text().split(" - ", 1)[1] == b[name].read_text().split(" - ", 1)[1]
-        elif name.endswith("hydra.yaml"):
-            assert _hydra_node(path, fast) == _hydra_node(b[name], slow), name
-        elif name != "multirun.yaml":
-            assert path.read_text().replace(str(fast), "D") == b[name].read_text().replace(str(slow), "D"), name
-
-    # and against Hydra's own compose of each job (the sweeper's job list, Hydra's load_sweep_config)
-    state = Singleton.get_state()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base=None, job_name="train"):
-            loader = GlobalHydra.instance().config_loader()
-            command = [*args, "dry_run=true", f"hydra.sweep.dir={fast}", VERBOSE, "hydra.mode=MULTIRUN"]
-            master = loader.load_configuration("llm_finetune", command, run_mode=RunMode.MULTIRUN)
-            for num, overrides in enumerate(jobs):
-                cfg = loader.load_sweep_config(master, overrides)
-                with open_dict(cfg):
-                    cfg.hydra.job.id, cfg.hydra.job.num = f"automodel_{num}", num
-                    cfg.hydra.runtime.output_dir = str(fast / str(num))
-                    hydra = tp.cast(dict, OmegaConf.to_container(cfg.hydra, resolve=False))
-                    del cfg["hydra"]
-                written = fast / str(num) / ".hydra"
-                assert yaml.safe_load((written / "config.yaml").read_text()) == OmegaConf.to_container(cfg)
-                assert yaml.safe_load((written / "overrides.yaml").read_text()) == hydra["overrides"]["task"]
-                node = yaml.safe_load((written / "hydra.yaml").read_text())["hydra"]
-                for part in ("job", "runtime", "overrides"):
-                    assert node[part] == hydra[part], (num, part)
-    finally:
-        Singleton.set_state(state)
-
-
-@pytest.mark.slow
-def test_a_hydra_value_that_refers_to_the_jobs_config_goes_through_run_job(tmp_path: Path) -> None:
-    """``hydra.sweep.subdir=s${seed}``: the base config's hydra node would resolve it with the base's seed."""
-    out = train_py("-m", "seed=3,4", "launcher=slurm", "dry_run=true", f"hydra.sweep.dir={tmp_path}",
-                   "hydra.sweep.subdir=s${seed}", VERBOSE).stdout
-    assert "0 of 2 job(s) set up as copies" in out
-    assert (tmp_path / "s3" / ".hydra" / "config.yaml").is_file() and (tmp_path / "s4" / "launch").is_dir()
-
+from hydra_plugins.automodel_hydra_launcher._fast._compose import simple_override
+from hydra_plugins.automodel_hydra_launcher._fast._jobs import _self_contained
+from hydra_plugins.automodel_hydra_launcher._fast._yaml import YamlDoc, to_yaml
+from tests.helpers import compose_cfg
 
 # ----------------------------------------------------------------------------------------------- SweepLoader
 
@@ -202,7 +114,8 @@ def test_prepare_with_a_loader_is_prepare(tmp_path: Path) -> None:
     job = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
     loader = config.SweepLoader()
     container = OmegaConf.to_container(job, resolve=False)
-    assert driver.prepare(job, False, loader, tp.cast(dict, container)) == driver.prepare(job, False)
+    assert driver.prepare(job, False, lambda c: loader.load(c, container=tp.cast(dict, container))) == \
+        driver.prepare(job, False)
 
 
 @pytest.mark.parametrize("text", ["seed=0", "seed=7", "seed=-3", "seed=+4", "a.b_c.d=123456789", "optim.lr=1e-4",
@@ -221,8 +134,6 @@ def test_anything_else_goes_to_hydras_parser(text: str) -> None:
 
 
 def test_a_yaml_doc_with_changes_is_the_yaml_of_the_changed_data() -> None:
-    from hydra_plugins.automodel_hydra_launcher._jobs import YamlDoc
-
     data = {"hydra": {"job": {"id": "???", "num": "???", "name": "train", "env": {"A": "1"}}, "list": [1, "on"],
                       "runtime": {"output_dir": "???", "cwd": "/x"}, "long": "word " * 40 + "\nline two"}}
     doc = YamlDoc(data)

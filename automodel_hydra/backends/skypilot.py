@@ -327,6 +327,7 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
     """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
     name = "skypilot"
+    wait_setting = ("skypilot.wait", True)
 
     def __init__(self) -> None:
         self._access: dict[str | None, str | None] = {}  # cloud -> its credential problem, asked once

@@ -357,6 +357,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
     """Slurm: a job per run, a job array per sweep group."""
 
     name = "slurm"
+    wait_setting = ("slurm.detach", False)
 
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Facts:
         """sbatch's cluster answers (MaxArraySize read from it); container mount sources and ``${VAR}`` references

@@ -4,9 +4,9 @@ running.
 1. A task function that declares the interface we plan through (``automodel_hydra.driver.launchable``,
    ``train.py``'s) is planned as below. Any other task function (any Hydra app) runs each job as a *call job* on
    the backend ``hydra.launcher.backend`` names (:func:`launch_calls`), never in this process.
-2. For each job: compose its config (``_compose``: exactly Hydra's ``load_sweep_config``, composed once per set of
-   config-group choices), set ``hydra.job.id/num``, and run Hydra's own ``run_job`` with the task
-   function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
+2. Every job is set up by the sweep fast path (``_fast.setup_jobs``) or, where it does not apply, by the exact
+   path: compose its config with Hydra's ``load_sweep_config``, set ``hydra.job.id/num``, and run Hydra's own
+   ``run_job`` with the task function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
    calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing). The job's launch
    line (``#N : overrides``) goes to the console and to that job's own log, never to another job's.
 3. If any job failed to prepare (a bad value), stop before anything is submitted, with one line naming the key.
@@ -50,8 +50,7 @@ from automodel_hydra import config as am_config
 from automodel_hydra.plan import JobFailedError, JobSpec
 from automodel_hydra.schema import ConfigError, UserValueError
 
-from ._compose import SweepComposer
-from ._jobs import FastJobs
+from . import _fast
 
 if tp.TYPE_CHECKING:
     from .launcher import AutomodelLauncher
@@ -132,6 +131,34 @@ def _call_train_config(backend: str, section: dict[str, tp.Any]) -> am_config.Tr
         raise UserValueError(f"hydra.launcher: {driver.one_line(e)}") from None
 
 
+#: Hydra's basic sweeper (``hydra/sweeper=basic``): its jobs are fixed before any of them runs.
+_BASIC_SWEEPER = ("hydra._internal.core_plugins.basic_sweeper", "BasicSweeper")
+
+
+def results_needed(config: DictConfig) -> str | None:
+    """Why the sweep's sweeper needs every job's result, or None when it does not.
+
+    A sweeper that derives from Hydra's ``BasicSweeper`` (``basic``, ``automodel_basic``) fixes every job from the
+    command line before the first runs and reads a result only to raise a failed job's error. Any other sweeper
+    (Hydra's Optuna, Ax and Nevergrad sweepers) may choose each batch's jobs from the previous batch's results
+    (``JobReturn.return_value``), so each job must be waited for. Classes are compared by module and name: Hydra's
+    plugin scan re-executes plugin modules, which makes new class objects of the same classes."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.select(config, "hydra.sweeper._target_")
+    if not target:
+        return None
+    try:
+        mro = get_class(str(target)).__mro__
+    except Exception:  # (Hydra reports a sweeper it cannot import itself, before it gets here)
+        mro = ()
+    if any((c.__module__, c.__name__) == _BASIC_SWEEPER for c in mro):
+        return None
+    choice = OmegaConf.select(config, "hydra.runtime.choices", default={}).get("hydra/sweeper") or target
+    return (f"hydra/sweeper={choice} is no BasicSweeper: it chooses each batch of jobs from the results of the "
+            "batch before, so every job must be waited for")
+
+
 def _sweep_job_dir(sweep_config: DictConfig) -> Path:
     """The job's output dir, as Hydra's ``run_job`` makes it from ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
     (with the job's HydraConfig set, for ``${hydra:job.num}`` and friends)."""
@@ -156,26 +183,14 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"sweep dir: {sweep_dir}: preparing {len(job_overrides)} job(s)")
-    state = Singleton.get_state()
     planning = HydraContext(config_loader=context.config_loader,
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
-    returns: list[JobReturn] = []
-    configs: list[DictConfig | None] = []  # None: a job set up by _jobs (no callbacks to show it to)
-    console = lambda: configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # noqa: E731
-    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
-    fast = None if config.hydra.callbacks else FastJobs(composer, config, prepare)
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+    configs: dict[int, DictConfig] = {}  # the jobs set up by the exact path, for their on_job_end callbacks
+
+    def exact(idx: int, overrides: tp.Sequence[str]) -> JobReturn:
+        """Hydra's own path for one job: ``load_sweep_config``, then ``run_job`` with the task's ``prepare``."""
         try:
-            ret = fast.run(idx, overrides) if fast is not None else None
-        except Exception as e:  # a job's value of the wrong type: one line, nothing submitted
-            _fail_config(e)
-        if ret is not None:  # set up as run_job would, its logging still in place for the launch line below
-            returns.append(ret)
-            configs.append(None)
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            continue
-        try:
-            sweep_config = composer.compose(overrides)
+            sweep_config = context.config_loader.load_sweep_config(config, list(overrides))
         except AssertionError:  # OmegaConf's answer to `slurm.nodes=4` when the job has no slurm: section
             message = driver.unselected_section_message(overrides)
             if message is None:
@@ -187,25 +202,21 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
-        returns.append(run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
-                               job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
-        configs.append(sweep_config)
-        # run_job left this job's logging in place: its launch line goes to the console and to its own log only
-        log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-        console()
-        Singleton.set_state(state)
-        if fast is not None:
-            fast.invalidate()
-    if fast is not None and fast.jobs:
-        console()
-        Singleton.set_state(state)
-    log.debug(f"{fast.jobs if fast is not None else 0} of {len(job_overrides)} job(s) set up as copies of "
-              f"{composer.composed - composer.fallbacks} composed config(s); {composer.fallbacks} composed by Hydra")
+        configs[idx] = sweep_config
+        return run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
+                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+    try:
+        returns = _fast.setup_jobs(context, config, prepare, job_overrides, initial_job_idx, exact)
+    except SystemExit:
+        raise
+    except Exception as e:  # a job's value of the wrong type: one line, nothing submitted
+        _fail_config(e)
     try:
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
                 ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
-        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir)
+        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir, results_needed(config))
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
         raise SystemExit(e.exit_code) from None
@@ -215,21 +226,22 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         driver.fail_launch(e)
     except Exception as e:  # a bug: its traceback, and a line saying so
         driver.fail_unexpected(e)
-    for ret, job_config, outcome in zip(returns, configs, outcomes):
+    for idx, (ret, outcome) in enumerate(zip(returns, outcomes), start=initial_job_idx):
         try:
             ret.return_value = outcome.value()
         except JobFailedError as e:
             ret.status = JobStatus.FAILED
             ret.return_value = e
-        if job_config is None:
+        job_config = configs.get(idx)
+        if job_config is None:  # set up by the fast path: no callbacks to show it to
             continue
         with _job_context(job_config, ret):
             context.callbacks.on_job_end(config=job_config, job_return=ret)
-        console()
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     return returns
 
 
-def _fail_config(error: Exception) -> None:
+def _fail_config(error: Exception) -> tp.NoReturn:
     """Exit with the one line for a config error of a job's composition (:func:`automodel_hydra.errors.describe`);
     re-raise any other error."""
     from automodel_hydra import errors
@@ -262,9 +274,8 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
     state = Singleton.get_state()
     jobs: list[driver.Prepared] = []
     configs: list[DictConfig] = []
-    composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        sweep_config = composer.compose(overrides)
+        sweep_config = context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"automodel_{idx}"
             sweep_config.hydra.job.num = idx
@@ -279,7 +290,7 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         Singleton.set_state(state)
     launched = time.time()
     try:
-        outcomes = driver.launch(jobs, sweep_dir)
+        outcomes = driver.launch(jobs, sweep_dir, results_needed(config))
     except driver.Stopped as e:
         log.error(f"stopped: {e}")
         raise SystemExit(e.exit_code) from None

@@ -20,22 +20,19 @@ as ``OmegaConf.to_yaml``: the same representation of text, long lines may wrap e
 file handlers at the job's log file, and calls the task function's ``prepare`` inside ``env_set`` and ``chdir``
 exactly as ``run_job`` would.
 
-A job it cannot set up this way (``_compose`` composes it with Hydra, a value override fails on the copy) is
+A job it cannot set up this way (``_compose`` has no base for it, a value override fails on the copy) is
 answered with None: the launcher then runs ``run_job`` for it. Callbacks are not called here: the launcher uses
 this only when ``hydra.callbacks`` is empty.
 """
 
 from __future__ import annotations
 
-import enum
-import io
 import logging
 import os
 import re
 import typing as tp
 from pathlib import Path
 
-import yaml
 from hydra import version
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override, OverrideType
@@ -45,84 +42,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from automodel_hydra.config import SweepLoader
 
 from ._compose import Split, SweepComposer, _Base, apply, freeze, thaw
-
-# ----------------------------------------------------------------------------------------------- YAML
-
-#: YAML 1.1's words for booleans, which OmegaConf quotes when they are text (``omegaconf``'s dumper).
-_YAML_BOOLS = frozenset("y Y yes Yes YES n N no No NO true True TRUE false False FALSE on On ON off Off OFF".split())  # noqa: SIM905
-_Dumper: tp.Any = getattr(yaml, "CDumper", yaml.Dumper)  # libyaml's emitter when PyYAML was built with it
-
-
-class _OmegaConfDumper(_Dumper):
-    """PyYAML's dumper with OmegaConf's representation of text: quoted when it reads as a boolean (YAML 1.1) or
-    as a number to Python's ``int``/``float`` (OmegaConf's ``to_yaml``); an enum member as its name."""
-
-
-def _represent_str(dumper: yaml.BaseDumper, data: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="'" if _reads_as_other(data) else None)
-
-
-def _reads_as_other(text: str) -> bool:
-    if text in _YAML_BOOLS:
-        return True
-    for kind in (int, float):
-        try:
-            kind(text)
-            return True
-        except ValueError:
-            pass
-    return False
-
-
-_OmegaConfDumper.add_representer(str, _represent_str)
-_OmegaConfDumper.add_multi_representer(enum.Enum, lambda dumper, data: _represent_str(dumper, data.name))
-
-
-def to_yaml(container: tp.Any) -> str:
-    """``OmegaConf.to_yaml`` of the config ``container`` is (``OmegaConf.to_container(cfg, resolve=False)``)."""
-    return tp.cast(str, yaml.dump(container, Dumper=_OmegaConfDumper, default_flow_style=False, allow_unicode=True,
-                                  sort_keys=False))
-
-
-class YamlDoc:
-    """:func:`to_yaml` of one document again and again with a few values changed: the document is represented
-    once (PyYAML's node tree, built by the same dumper), and each :meth:`text` replaces only the nodes on the paths
-    to the changed keys before libyaml emits it. The text is what :func:`to_yaml` gives for the changed data."""
-
-    def __init__(self, data: dict[str, tp.Any]) -> None:
-        self._dumper = _OmegaConfDumper(io.StringIO(), default_flow_style=False, allow_unicode=True, sort_keys=False)
-        self.root = self._represent(data)
-
-    def _represent(self, value: tp.Any) -> yaml.Node:
-        node = self._dumper.represent_data(value)
-        self._dumper.represented_objects, self._dumper.object_keeper, self._dumper.alias_key = {}, [], None
-        return tp.cast(yaml.Node, node)
-
-    def text(self, changes: tp.Mapping[tuple[str, ...], tp.Any]) -> str:
-        """The document with ``changes`` (``{key path: new value}``, paths through mappings only) applied."""
-        root = self._replace(self.root, changes, ())
-        return tp.cast(str, yaml.serialize(root, Dumper=_OmegaConfDumper, allow_unicode=True))
-
-    def _replace(self, node: yaml.Node, changes: tp.Mapping[tuple[str, ...], tp.Any], path: tuple[str, ...]
-                 ) -> yaml.Node:
-        if path in changes:
-            return self._represent(changes[path])
-        depth = len(path)
-        below = {p[depth] for p in changes if len(p) > depth and p[:depth] == path}
-        if not below:
-            return node
-        assert isinstance(node, yaml.MappingNode)
-        pairs, seen = [], set()
-        for key, value in node.value:
-            if key.value in below:
-                value = self._replace(value, changes, (*path, key.value))
-                seen.add(key.value)
-            pairs.append((key, value))
-        for name in sorted(below - seen):  # a new key goes last, as an assignment adds it
-            empty = yaml.MappingNode("tag:yaml.org,2002:map", [], flow_style=False)
-            pairs.append((self._represent(name), self._replace(empty, changes, (*path, name))))
-        return yaml.MappingNode(node.tag, pairs, flow_style=node.flow_style)
-
+from ._yaml import YamlDoc, to_yaml
 
 # ----------------------------------------------------------------------------------------------- jobs
 
@@ -189,8 +109,8 @@ class FastJobs:
     master:
         The sweep's config.
     prepare:
-        The task function's ``automodel_prepare`` (``driver.prepare``): called as ``prepare(cfg, loader=...,
-        container=...)``.
+        The task function's ``automodel_prepare`` (``driver.prepare``): called as ``prepare(cfg, load=...)`` with
+        a :class:`SweepLoader`'s ``load``.
     """
 
     def __init__(self, composer: SweepComposer, master: DictConfig, prepare: tp.Callable[..., tp.Any]) -> None:
@@ -235,7 +155,9 @@ class FastJobs:
             self._job_log(state, fields)
             with env_override(_global_hydra().job.env_set):
                 try:
-                    ret.return_value = self.prepare(cfg, loader=self.loader, container=container)
+                    # the loader may use the data made above while ``prepare`` has not replaced ``cfg``
+                    load = lambda c: self.loader.load(c, container=container if c is cfg else None)  # noqa: E731
+                    ret.return_value = self.prepare(cfg, load=load)
                     ret.status = JobStatus.COMPLETED
                 except Exception as e:
                     ret.return_value = e

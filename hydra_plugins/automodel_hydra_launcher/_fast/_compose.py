@@ -233,24 +233,6 @@ def thaw(frozen: bytes | DictConfig) -> DictConfig:
     return copy.deepcopy(frozen)
 
 
-def sweep_configs(config_loader: ConfigLoader, master_config: DictConfig,
-                  job_overrides: tp.Sequence[tp.Sequence[str]]) -> list[DictConfig]:
-    """One config per job, each equal to ``config_loader.load_sweep_config(master_config, list(overrides))``.
-
-    Composes with Hydra once per distinct set of config-group (and other non-value) overrides; see
-    :class:`SweepComposer`. Holds every job's config at once: use :func:`iter_sweep_configs` to keep one at a
-    time. Raises what ``load_sweep_config`` raises for the first job that does not compose."""
-    return list(iter_sweep_configs(config_loader, master_config, job_overrides))
-
-
-def iter_sweep_configs(config_loader: ConfigLoader, master_config: DictConfig,
-                       job_overrides: tp.Iterable[tp.Sequence[str]]) -> tp.Iterator[DictConfig]:
-    """:func:`sweep_configs`, one job at a time (memory: the cached base configs plus the job being made)."""
-    composer = SweepComposer(config_loader, master_config)
-    for overrides in job_overrides:
-        yield composer.compose(overrides)
-
-
 # ----------------------------------------------------------------------------------------------- Hydra's rules
 
 #: ``key=number`` in the simplest spelling of Hydra's override grammar (``OverrideLexer.g4``: ``ID`` keys joined by
