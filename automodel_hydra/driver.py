@@ -156,6 +156,8 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     can be fixed before submitting."""
     requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
     jobs = own_checkpoint_dirs(jobs, sweep_dir)
+    jobs = [dataclasses.replace(p, job=dataclasses.replace(p.job, code_dir=code_dir(p.job, sweep_dir)))
+            for p in jobs]
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
@@ -220,6 +222,14 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     except KeyboardInterrupt:
         raise Stopped(_stop_summary(outcomes, impls, sweep_dir)) from None
     return outcomes
+
+
+def code_dir(job: JobSpec, sweep_dir: Path | None) -> Path:
+    """Where a job's code snapshot lives: ``<sweep dir>/launch/code`` for a sweep's jobs (one copy for all of
+    them), else ``<job dir>/launch/code`` (:mod:`automodel_hydra.snapshot`)."""
+    from automodel_hydra.snapshot import CODE_DIR
+
+    return (Path(sweep_dir).resolve() / "launch" if sweep_dir is not None else job.launch_dir) / CODE_DIR
 
 
 class Stopped(Exception):

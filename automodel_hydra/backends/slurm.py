@@ -76,6 +76,7 @@ from automodel_hydra.plan import (
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
+from automodel_hydra.snapshot import Source
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -263,6 +264,12 @@ class SlurmConfig:
     wait: bool = False
     # sweeps: submit every job and return at once, leaving a manifest in the sweep dir
     detach: bool = False
+    # the code the jobs run, copied at submission into launch/code (a sweep: once, in the sweep dir) so a queued
+    # job runs what was submitted: git (the work tree's files, uncommitted changes included), copy (this dir),
+    # none (the code where it is when the job starts), auto = git in a git work tree, else copy (docs/remote.md)
+    snapshot: str = "auto"
+    # the most a snapshot may copy, in MiB (checked before anything is submitted)
+    snapshot_max_mb: float = 200.0
 
     def __post_init__(self) -> None:
         at_least("slurm.nodes", self.nodes)
@@ -276,6 +283,12 @@ class SlurmConfig:
         require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
         at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
         at_least("slurm.array_parallelism", self.array_parallelism)
+        from automodel_hydra.snapshot import MODES
+
+        require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
+        require(self.snapshot_max_mb > 0, "slurm.snapshot_max_mb", self.snapshot_max_mb, "must be > 0")
+        require(self.snapshot in ("auto", "none") or self.container_image is None, "slurm.snapshot", self.snapshot,
+                "auto or none with slurm.container_image (the image or its mounts hold the code)")
         del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
         self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
                              for i, m in enumerate(self.extra_mounts)]
@@ -340,6 +353,8 @@ class Request:
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
     ntasks: int
+    #: the code snapshot submit copies to the job's ``code_dir`` (None: none); the script's lines name it
+    snapshot: Source | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,7 +414,7 @@ def _mount(source: str, dest: str, key: str) -> str:
     return f"{source}:{dest}"
 
 
-def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
+def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) -> Request:
     sc = cfg.slurm
     assert sc is not None, "the slurm backend plans configs with a slurm: section"
     hf_home = sc.hf_home
@@ -445,6 +460,10 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if margin != sc.signal_delay_s and not call:
         setup.insert(4, f"# checkpoint margin {margin}s: slurm.signal_delay_s={sc.signal_delay_s}s does not fit "
                         f"twice in slurm.time={sc.time}")
+    if in_container or job.code_dir is None:
+        source = None
+    if source is not None and job.code_dir is not None:
+        setup[1:2] = _snapshot_lines(source, job.code_dir)
     if job.env:
         setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
     if not cfg.bundled:
@@ -497,7 +516,24 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), ntasks=1 if call else sc.world_size)
+                       if getattr(sc, k) is None)), ntasks=1 if call else sc.world_size, snapshot=source)
+
+
+def _snapshot_lines(source: Source, code_dir: Path) -> list[str]:
+    """The script's lines that make every task import the snapshot at ``code_dir`` (:mod:`automodel_hydra.snapshot`):
+    its copies first on PYTHONPATH, the dir a task starts in off ``sys.path`` (PYTHONSAFEPATH), and where the copy's
+    source was (a call job maps its pickled ``sys.path`` onto the copy)."""
+    from automodel_hydra.snapshot import SRC_DIR
+
+    what = f"commit {source.commit[:12]}" if source.commit else "no commit"
+    state = {True: ", with uncommitted changes", False: ", clean", None: ""}[source.dirty]
+    head = (f"# code: the snapshot taken at submission ({what}{state} of {source.root})" if source.kind == "git"
+            else f"# code: the snapshot taken at submission (a copy of {source.root})")
+    entries = ":".join(shlex.quote(e) for e in source.pythonpath(code_dir))
+    return [head, f"export PYTHONPATH={entries}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export PYTHONSAFEPATH=1  # the dir a task starts in is not on sys.path: the snapshot's copy is",
+            f"export AUTOMODEL_CODE_ROOT={shlex.quote(str(source.root))} "
+            f"AUTOMODEL_CODE_SRC={shlex.quote(str(code_dir / SRC_DIR))}"]
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
@@ -556,6 +592,8 @@ class Slurm(Backend[Request, SlurmRef]):
 
     def __init__(self) -> None:
         self.max_array_size = DEFAULT_MAX_ARRAY_SIZE
+        #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (read by preflight)
+        self.snapshots: dict[tuple[str, float], Source | None] = {}
         self._scripts: dict[int, Path] = {}  # id(batch) -> the script submit runs
 
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
@@ -586,6 +624,7 @@ class Slurm(Backend[Request, SlurmRef]):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
         self.max_array_size = max_array_size()
+        self.snapshots = find_snapshots(cfgs)
 
     def world_size(self, cfg: TrainConfig) -> int:
         assert cfg.slurm is not None
@@ -601,7 +640,7 @@ class Slurm(Backend[Request, SlurmRef]):
             per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
         """
         assert cfg.slurm is not None
-        request = _plan_request(cfg, job)
+        request = _plan_request(cfg, job, self.snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)))
         wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
         return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request,
                     # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
@@ -636,13 +675,14 @@ class Slurm(Backend[Request, SlurmRef]):
         script = array[0] if array else batch.plans[0].job.launch_dir / SCRIPT
         root = log_root(dirs, bool(array))  # once: it compares every job dir
         (root / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
+        code = _write_snapshot(batch.plans[0])
         started = time.time()
         job_id = _sbatch(script, batch.plans[0].request.env_refs)
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
             out = root / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
-            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out)))
+            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out), code=code))
         return subs
 
     def wait(self, subs: tp.Sequence[Submission[SlurmRef]], max_poll_s: float = 30.0,
@@ -701,6 +741,41 @@ class Slurm(Backend[Request, SlurmRef]):
 
 
 # ----------------------------------------------------------------------------------------------- side effects
+
+
+def find_snapshots(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], Source | None]:
+    """What each distinct ``slurm.snapshot`` setting of ``cfgs`` snapshots from this dir (a container job: none).
+    Raises SnapshotError (a ConfigError) naming the field: too large, not a git work tree."""
+    from automodel_hydra.snapshot import find
+
+    out: dict[tuple[str, float], Source | None] = {}
+    for cfg in cfgs:
+        sc = cfg.slurm
+        assert sc is not None
+        key = (sc.snapshot, sc.snapshot_max_mb)
+        if key not in out and sc.container_image is None:
+            out[key] = find(sc.snapshot, Path.cwd(), JobSpec.project_root, sc.snapshot_max_mb,
+                            exclude=[Path(cfg.output_dir)])
+    return out
+
+
+def _write_snapshot(plan: Plan[Request]) -> dict[str, tp.Any] | None:
+    """Copy the plan's snapshot to its code dir; its record. A sweep's code dir is written once per process: every
+    batch of the sweep (its arrays, and the launches of a sweeper that submits in several batches) shares it."""
+    from automodel_hydra.snapshot import write
+
+    source, code_dir = plan.request.snapshot, plan.job.code_dir
+    if source is None or code_dir is None:
+        return None
+    if plan.job.job_num is None or code_dir not in _SWEEP_SNAPSHOTS:
+        write(source, code_dir)
+        if plan.job.job_num is not None:
+            _SWEEP_SNAPSHOTS[code_dir] = source.record(code_dir)
+    return _SWEEP_SNAPSHOTS.get(code_dir) or source.record(code_dir)
+
+
+#: The sweep code dirs this process wrote, and their records.
+_SWEEP_SNAPSHOTS: dict[Path, dict[str, tp.Any]] = {}
 
 
 def max_array_size() -> int:
