@@ -62,13 +62,6 @@ def test_held_sweep_runs_the_submitted_recipe_not_the_edited_one(slurm_cluster, 
     array = ids[0].split("_")[0]
     try:
         assert len(ids) == 3 and {i.split("_")[0] for i in ids} == {array}
-        code = {json.dumps(job["code"], sort_keys=True) for job in manifest["jobs"]}
-        assert len(code) == 1, "one snapshot for the whole sweep"
-        record = manifest["jobs"][0]["code"]
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
-        assert record["snapshot"] == "git" and record["commit"] == head.stdout.strip() and record["dirty"] is True
-        assert record["dir"] == str(sweep / "launch" / "code")
-        assert not [p for p in sweep.iterdir() if p.name.startswith(".code")]
         state = slurm_cluster.run("squeue", "-h", "-j", array, "-o", "%T %r").stdout.split()
         assert state[:2] == ["PENDING", "JobHeldUser"], state
         (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="edited while queued"))
@@ -79,3 +72,10 @@ def test_held_sweep_runs_the_submitted_recipe_not_the_edited_one(slurm_cluster, 
     results = [json.loads((sweep / str(i) / "result.json").read_text()) for i in range(3)]
     assert [r["version"] for r in results] == ["submitted"] * 3
     assert sorted(r["x"] for r in results) == [1, 2, 3]
+    code = {json.dumps(job.get("code"), sort_keys=True) for job in manifest["jobs"]}
+    assert len(code) == 1, "one snapshot for the whole sweep"
+    record = manifest["jobs"][0]["code"]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert record["snapshot"] == "git" and record["commit"] == head.stdout.strip() and record["dirty"] is True
+    assert record["dir"] == str(sweep / "launch" / "code") and record["files"] == 3
+    assert not [p for p in (sweep / "launch").iterdir() if p.name.startswith(".code")]
