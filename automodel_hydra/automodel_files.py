@@ -23,6 +23,8 @@ import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
 
+from automodel_hydra.schema import UserError
+
 #: Top-level sections that belong to the launcher, never to an AutoModel recipe.
 LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "launcher", "profile", "hydra",
                                "dry_run"})
@@ -32,7 +34,7 @@ LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "
 MODEL_KEY = "pretrained_model_name_or_path"
 
 
-class RecipeSectionError(ValueError):
+class RecipeSectionError(UserError, ValueError):
     """A recipe section AutoModel's loader refuses. ``key`` is the dotted key, the message one line."""
 
     def __init__(self, key: str, message: str) -> None:
@@ -40,7 +42,7 @@ class RecipeSectionError(ValueError):
         self.key = key
 
 
-class ModelNotFetchableError(ValueError):
+class ModelNotFetchableError(UserError, ValueError):
     """A model that no rank could load. ``model`` is the name as given, the message one line with the reason."""
 
     def __init__(self, model: str, reason: str) -> None:

@@ -28,6 +28,8 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.plan import LAUNCH_DIR, MANIFEST_FILE, RECORD_FILE, RESULT_FILE, launch_dir
+from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState
 
 Record = dict[str, tp.Any]
@@ -43,16 +45,8 @@ SEARCH_ROOTS = ("outputs", "multirun")
 SEARCH_DEPTH = 4
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A mistake the user can fix; printed as one line, exit status 2."""
-
-
-def state_of(text: str) -> JobState:
-    """A backend's state string as a :class:`JobState` (UNKNOWN for anything else)."""
-    try:
-        return JobState(text)
-    except ValueError:
-        return JobState.UNKNOWN
 
 
 # ----------------------------------------------------------------------------------------------- records
@@ -61,13 +55,13 @@ def state_of(text: str) -> JobState:
 def load_records(path: str | Path) -> list[Record]:
     """The submission records of a run or sweep dir, ordered by job number."""
     root = Path(path)
-    manifest, single = root / "launch" / "manifest.json", root / "launch" / "submission.json"
+    manifest, single = launch_dir(root) / MANIFEST_FILE, launch_dir(root) / RECORD_FILE
     if manifest.is_file():
         records = json.loads(manifest.read_text())["jobs"]
     elif single.is_file():
         records = [json.loads(single.read_text())]
     else:
-        records = [json.loads(p.read_text()) for p in root.glob("*/launch/submission.json")]
+        records = [json.loads(p.read_text()) for p in root.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}")]
     if not records:
         raise CliError(f"{root} holds no launch/manifest.json, launch/submission.json or */launch/submission.json: "
                        "not a run or sweep dir of automodel-hydra (or nothing was submitted there yet)")
@@ -110,9 +104,9 @@ class RunDir:
 
 def _launch_record(d: Path, sweep: bool) -> float | None:
     """mtime of ``d``'s launch record (a sweep without a manifest: its newest job record), None without one."""
-    paths = [d / "launch" / "manifest.json", d / "launch" / "submission.json"]
+    paths = [launch_dir(d) / MANIFEST_FILE, launch_dir(d) / RECORD_FILE]
     if sweep:
-        paths += list(d.glob("*/launch/submission.json"))
+        paths += list(d.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}"))
     times = [p.stat().st_mtime for p in paths if p.is_file()]
     return max(times) if times else None
 
@@ -128,8 +122,8 @@ def find_runs(base: str | Path = ".") -> list[RunDir]:
         stack = [(Path(base).resolve() / top, 0)]
         while stack:
             d, depth = stack.pop()
-            sweep = (d / "multirun.yaml").is_file() or (d / "launch" / "manifest.json").is_file()
-            if sweep or (d / "launch").is_dir() or (d / ".hydra").is_dir():
+            sweep = (d / "multirun.yaml").is_file() or (launch_dir(d) / MANIFEST_FILE).is_file()
+            if sweep or launch_dir(d).is_dir() or (d / ".hydra").is_dir():
                 mtime = _launch_record(d, sweep)
                 if mtime is not None:
                     found.append(RunDir(d, sweep, mtime))
@@ -409,7 +403,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for rec in records:
         job_dir = Path(rec["job_dir"])
         metrics = read_metrics(job_dir)
-        result_file = job_dir / "result.json"
+        result_file = job_dir / RESULT_FILE
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
         last = metrics[-1] if metrics else {}
         vals = [m["val_loss"] for m in metrics if isinstance(m.get("val_loss"), (int, float))]
@@ -553,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CliError as e:
+    except UserError as e:  # CliError, and a backend's PreflightError (no sacct here, say)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `automodel-hydra status DIR | head`

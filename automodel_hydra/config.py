@@ -4,8 +4,9 @@ Sections and where their schema lives:
 
 * the bundled recipe's sections (``model``, ``data``, ``step_scheduler``, ``optim``, ``checkpoint``,
   ``restore_from``, ``profile``): here;
-* each launcher's section beside its backend: ``interactive`` in :mod:`automodel_hydra.backends.interactive`,
-  ``slurm`` in :mod:`automodel_hydra.backends.slurm`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot`.
+* each launcher's section in a schema module beside its backend, which imports no backend (so neither this module
+  nor a rank loads one): ``interactive`` in :mod:`automodel_hydra.backends.interactive_config`, ``slurm`` in
+  :mod:`automodel_hydra.backends.slurm_config`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot_config`.
 
 Defaults live once, in these dataclasses (the YAML files under ``conf/`` only select). Bad input is caught twice
 before anything is submitted or started:
@@ -33,9 +34,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra.backends.interactive import InteractiveConfig
-from automodel_hydra.backends.skypilot import SkyPilotConfig
-from automodel_hydra.backends.slurm import SlurmConfig
+from automodel_hydra.backends.interactive_config import InteractiveConfig
+from automodel_hydra.backends.skypilot_config import SkyPilotConfig
+from automodel_hydra.backends.slurm_config import SlurmConfig
 from automodel_hydra.envvars import Ref, expand, split
 from automodel_hydra.schema import ConfigError, at_least, require
 
@@ -261,18 +262,24 @@ LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", *LAUNC
 
 # ----------------------------------------------------------------------------------------------- loading
 
-#: AutoModel's key names -> ours: ``(section, alias, canonical section, canonical key)``. Normalised once, in
-#: :func:`load`; a config that sets both names to different values is refused, naming both.
+#: Every alias, AutoModel's key names -> ours: ``(section, alias, canonical section, canonical key)``. Normalised
+#: once, in :func:`load` (the launcher sections' also for another recipe's file, where AutoModel's names are
+#: usual); a config that sets both names to different values is refused, naming both. The alias keys stay in the
+#: schemas (so Hydra accepts them at compose time) and are None once normalised.
 ALIASES = (
     ("step_scheduler", "ckpt_every_steps", "step_scheduler", "checkpoint_interval"),
     ("checkpoint", "restore_from", "restore_from", "path"),
+    ("skypilot", "gpus_per_node", "skypilot", "nproc_per_node"),
+    ("skypilot", "job_name", "skypilot", "run_name"),
 )
 
 
-def _normalise_aliases(data: dict[str, tp.Any]) -> None:
+def _normalise_aliases(data: dict[str, tp.Any], sections: tp.Container[str] | None = None) -> None:
     """Move each alias's value to its canonical key (``data`` in place, its sections copied before a change); both
-    set to different values is an error."""
+    set to different values is an error. ``sections``: only the aliases of these sections (None: all)."""
     for section, alias, target_section, target in ALIASES:
+        if sections is not None and section not in sections:
+            continue
         node = data.get(section)
         if not isinstance(node, dict) or node.get(alias) is None:
             continue
@@ -287,7 +294,8 @@ def _normalise_aliases(data: dict[str, tp.Any]) -> None:
         target_node[target] = value
 
 
-_DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig()}
+_DEFAULTS: dict[str, tp.Any] = {"step_scheduler": StepSchedulerConfig(), "restore_from": RestoreFromConfig(),
+                                 "skypilot": SkyPilotConfig()}
 
 
 def _omegaconf_value(cfg: DictConfig, text: str) -> str:
@@ -394,8 +402,9 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
     data = {str(k): v for k, v in container.items() if k != "hydra"}
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
+        _normalise_aliases(data, LAUNCH_KEYS)
         if isinstance(data.get("slurm"), dict):  # AutoModel's meaning for what the file leaves out
-            from automodel_hydra.backends.slurm import AUTOMODEL_DEFAULTS
+            from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS
 
             data["slurm"] = dict(data["slurm"])
             for key, value in AUTOMODEL_DEFAULTS.items():

@@ -39,11 +39,13 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    SubmitError,
+    launch_dir,
     render_files,
     stop_line,
     write_record,
 )
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserError
 from automodel_hydra.states import JobState
 
 log = logging.getLogger(__name__)
@@ -164,25 +166,26 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None) -> list[O
     impls = {name: backends.get(name) for name in by_backend}
     checked: set[str] = set()
     for p in jobs:
-        check_recipe(p.cfg, checked)
+        check_recipe(p.cfg, checked, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
     plans: dict[int, Plan[tp.Any]] = {}
+    facts: dict[str, tp.Any] = {}
     for name, idx in by_backend.items():
         impl = impls[name]
-        impl.preflight([jobs[i].cfg for i in idx])
+        facts[name] = impl.preflight([jobs[i].cfg for i in idx])
         for i in idx:
-            config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg))
-            plans[i] = impl.plan(jobs[i].cfg, jobs[i].job)
+            config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg, facts[name]))
+            plans[i] = impl.plan(jobs[i].cfg, jobs[i].job, facts[name])
         impl.check([plans[i] for i in idx])
     refuse_if_busy([p.job for p in jobs])
     for p in jobs:
-        refuse_finished_resume(p)
+        refuse_finished_resume(p, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
                                            p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
         if warning:
             log.warning(warning)
     dry = all(p.dry_run for p in jobs)
     outcomes = [Outcome(p) for p in jobs]
-    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir), idx)
+    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name]), idx)
                for name, idx in by_backend.items()]
     for p in jobs:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
@@ -229,7 +232,7 @@ def code_dir(job: JobSpec, sweep_dir: Path | None) -> Path:
     them), else ``<job dir>/launch/code`` (:mod:`automodel_hydra.snapshot`)."""
     from automodel_hydra.snapshot import CODE_DIR
 
-    return (Path(sweep_dir).resolve() / "launch" if sweep_dir is not None else job.launch_dir) / CODE_DIR
+    return (launch_dir(Path(sweep_dir).resolve()) if sweep_dir is not None else job.launch_dir) / CODE_DIR
 
 
 class Stopped(Exception):
@@ -237,7 +240,7 @@ class Stopped(Exception):
     command that cancels it) and where the newest checkpoint is."""
 
 
-def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]],
+def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]],
                   sweep_dir: Path | None) -> str:
     """The stop line (:func:`automodel_hydra.plan.stop_line`) after Ctrl-C while waiting: local jobs were stopped
     with a checkpoint; Slurm and SkyPilot jobs keep running (only the waiting stopped)."""
@@ -276,15 +279,15 @@ def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
     return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {checkpoint_path(jobs[0])}"
 
 
-def check_recipe(cfg: config.TrainConfig, seen: set[str]) -> None:
+def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     """What the ranks will run, checked here before anything starts (each distinct recipe and model once, ``seen``
     holds what was checked): the recipe resolves (an AutoModel recipe class, a function that takes ``(cfg, dist,
     should_stop)``); AutoModel's own loader accepts the recipe's sections (when AutoModel is installed here); every
-    model the ranks load can be fetched where they run, when that is this machine's filesystem (local runs and
-    bare-metal Slurm; SkyPilot nodes and containers fetch on their own). Raises ValueError with one line."""
+    model the ranks load can be fetched where they run, when that is this machine's filesystem (``here``: the
+    backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`; SkyPilot nodes and containers fetch on
+    their own). Raises ValueError with one line."""
     from automodel_hydra import automodel_files, recipes
 
-    here = cfg.skypilot is None and (cfg.slurm is None or cfg.slurm.container_image is None)
     if not cfg.bundled:
         target = recipes.recipe_target(cfg.recipe)
         if target is not None and target not in seen:
@@ -330,7 +333,7 @@ def own_checkpoint_dirs(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> 
     earlier: dict[str, str] = {}  # requested checkpoint dir -> the job dir of an earlier launch that asked for it
     if sweep_dir is not None:
         try:
-            records = json.loads((Path(sweep_dir) / "launch" / MANIFEST_FILE).read_text())["jobs"]
+            records = json.loads((launch_dir(sweep_dir) / MANIFEST_FILE).read_text())["jobs"]
             earlier = {r["checkpoint_dir_requested"]: r["job_dir"] for r in records if "checkpoint_dir_requested" in r}
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -387,11 +390,11 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
     return (int(m.group(1)), tp.cast(Path, target)) if m else None
 
 
-def refuse_finished_resume(p: Prepared) -> None:
+def refuse_finished_resume(p: Prepared, here: bool) -> None:
     """Refuse a job of the bundled recipe that would resume from a checkpoint past its ``step_scheduler.max_steps``:
-    it would train nothing and report no loss. Checked where the ranks see this machine's files (torchrun here,
-    Slurm without a container). Raises ConfigError naming the key, the checkpoint's step and path, and the fix."""
-    here = p.cfg.skypilot is None and (p.cfg.slurm is None or p.cfg.slurm.container_image is None)
+    it would train nothing and report no loss. Checked where the ranks see this machine's files (``here``: the
+    backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`). Raises ConfigError naming the key, the
+    checkpoint's step and path, and the fix."""
     if not p.cfg.bundled or not here:
         return
     found = resume_step(p)
@@ -415,7 +418,7 @@ def _announce(sub: Submission[tp.Any]) -> None:
             f.write(line + "\n")
 
 
-def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any]]) -> None:
+def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]]) -> None:
     from automodel_hydra.progress import sweep_progress
 
     waited = [o for o in outcomes if o.sub is not None and o.sub.plan.wait]
@@ -464,7 +467,7 @@ def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
     """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
     records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
     ``automodel-hydra status|logs|cancel|report``."""
-    path = Path(sweep_dir) / "launch" / MANIFEST_FILE
+    path = launch_dir(sweep_dir) / MANIFEST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, dict[str, tp.Any]] = {}
     if path.exists():
@@ -502,6 +505,8 @@ def run(cfg: DictConfig) -> tp.Any:
         fail(one_line(e))
     except LAUNCH_ERRORS as e:
         fail_launch(e)
+    except Exception as e:
+        fail_unexpected(e)
     try:
         return outcome.value()
     except JobStoppedError as e:  # cancelled from elsewhere: a stop, the same line and status as Ctrl-C's
@@ -513,7 +518,10 @@ def run(cfg: DictConfig) -> tp.Any:
 
 
 #: Mistakes the user can fix before anything starts: reported as one line (exit status 2), never a traceback.
-USER_ERRORS = (ConfigError, PreflightError, OmegaConfBaseException, ValueError)
+#: Only our own type (:class:`~automodel_hydra.schema.UserError`: ConfigError, PreflightError, RecipeError, ...)
+#: and OmegaConf's errors about the config (a bad interpolation or type, with the key); any other exception is
+#: not the user's mistake (:func:`fail_unexpected`).
+USER_ERRORS = (UserError, OmegaConfBaseException)
 
 
 def one_line(error: BaseException) -> str:
@@ -533,14 +541,27 @@ def fail(message: str) -> tp.NoReturn:
     raise SystemExit(2)
 
 
-#: What goes wrong while submitting or running after every check passed (sbatch refused the job, a job failed,
-#: a file could not be written): exit 1 with the error's own line (:func:`fail_launch`).
-LAUNCH_ERRORS = (JobFailedError, RuntimeError, OSError)
+#: What goes wrong while submitting or running after every check passed (sbatch refused the job, the job dir is
+#: held by another run, a job failed): exit 1 with the error's own line (:func:`fail_launch`).
+LAUNCH_ERRORS = (JobFailedError, SubmitError)
 
 
 def fail_launch(error: BaseException) -> tp.NoReturn:
     """Exit 1 with ``error: <the error's line>`` (no traceback): the same for a single run and a sweep."""
     print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1) from None
+
+
+#: The last line of an exception that is none of ours: it is not the user's mistake, and says so.
+BUG_LINE = ("{kind}: {error} -- an unexpected error, not a mistake in the config: a bug of automodel-hydra (or of a "
+            "library it calls); please report it with the traceback above (also in the job's log)")
+
+
+def fail_unexpected(error: BaseException) -> tp.NoReturn:
+    """Exit 1 for an exception that is not a :data:`USER_ERRORS` or :data:`LAUNCH_ERRORS` one: its traceback is
+    logged (the console and, under Hydra, the job's log), then one last line says it is a bug to report."""
+    log.error("unexpected error", exc_info=error)
+    print("error: " + BUG_LINE.format(kind=type(error).__name__, error=error), file=sys.stderr, flush=True)
     raise SystemExit(1) from None
 
 
@@ -591,7 +612,7 @@ def run_as_rank(cfg: DictConfig, launched_by: str) -> tp.Any:
                 str(o).startswith("hydra.run.dir=") for o in hc.overrides.hydra):
             raise ConfigError("hydra.run.dir", hc.run.dir, "srun started this command once per task, and each task "
                               "is one rank of one job, so they must share a run dir: give hydra.run.dir=DIR")
-        refuse_finished_resume(prepared)
+        refuse_finished_resume(prepared, here=True)  # this task is a rank: its files are these
     except USER_ERRORS as e:
         fail(one_line(e))
     job = prepared.job

@@ -3,13 +3,13 @@ implements (:class:`Backend`).
 
 A launch goes through these steps, in this order, for one job or a whole sweep (:mod:`automodel_hydra.driver`):
 
-1. ``preflight(cfgs)`` — every check that needs this machine (a mount source, a variable of the submitting
-   shell, a cluster limit); a dry run runs it too. Facts it reads (``MaxArraySize``, the devices here) are kept
-   on the backend instance for planning.
-2. ``plan(cfg, job) -> Plan`` — pure: config in, the exact files and a typed request out; no cloud SDK import,
-   no subprocess, no filesystem read. ``check(plans)`` then runs what needs the planned result and an SDK
-   (SkyPilot's own schema).
-3. ``batches(plans, sweep_dir) -> [Batch]`` — pure: the plans grouped the way they are submitted (one Slurm job
+1. ``preflight(cfgs) -> facts`` — every check that needs this machine (a mount source, a variable of the
+   submitting shell, a cluster limit); a dry run runs it too. It returns the facts it read (``MaxArraySize``, the
+   devices here, a bucket name), the backend's own typed value, and keeps nothing on the backend instance.
+2. ``plan(cfg, job, facts) -> Plan`` — pure: config and facts in, the exact files and a typed request out; no
+   cloud SDK import, no subprocess, no filesystem read. ``check(plans)`` then runs what needs the planned result
+   and an SDK (SkyPilot's own schema).
+3. ``batches(plans, sweep_dir, facts) -> [Batch]`` — pure: the plans grouped the way they are submitted (one Slurm job
    array per group of shared options; one torchrun group or SkyPilot task per job), with every file the launch
    leaves behind rendered once. The driver writes them; a dry run stops here.
 4. ``submit(batch) -> [Submission]`` — the side effect; writes nothing that planning wrote, so a dry run and a
@@ -29,11 +29,23 @@ import json
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
     from automodel_hydra.config import TrainConfig
 
+#: The dir of a job (or of a sweep) that holds what launching it wrote: the plan's files, the rank-side spec, the
+#: submission record (a sweep's: its manifest and array scripts). :func:`launch_dir`; ``JobSpec``'s properties name
+#: each file, so these names live here only.
+LAUNCH_DIR = "launch"
+#: The rank-side spec every rank reads (``launch/job.yaml``).
+JOB_FILE = "job.yaml"
+#: A local job's run lock (``flock``, held by its processes), its torchrun group's pid, and the mark a cancel
+#: leaves (torchrun exits 1 on SIGTERM; the mark tells a cancelled job from a failed one).
+LOCK_FILE = "lock"
+PID_FILE = "pid"
+CANCELLED_MARK = "cancelled"
 #: The file rank 0 writes when a job completes (its final metrics); its presence means "completed".
 RESULT_FILE = "result.json"
 #: The job's submission record, and a sweep's list of them.
@@ -48,6 +60,12 @@ CALL_ERROR_FILE = "call_error.pkl"
 
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
+FactsT = tp.TypeVar("FactsT")
+
+
+def launch_dir(run_dir: Path | str) -> Path:
+    """``<run_dir>/launch``: a job's (:attr:`JobSpec.launch_dir`) or a sweep's launch dir."""
+    return Path(run_dir) / LAUNCH_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +95,7 @@ class JobSpec:
 
     @property
     def launch_dir(self) -> Path:
-        return self.job_dir / "launch"
+        return launch_dir(self.job_dir)
 
     @property
     def call_file(self) -> Path:
@@ -87,7 +105,7 @@ class JobSpec:
     @property
     def job_file(self) -> Path:
         """The rank-side spec every rank reads (``launch/job.yaml``)."""
-        return self.launch_dir / "job.yaml"
+        return self.launch_dir / JOB_FILE
 
     @property
     def log_file(self) -> Path:
@@ -108,6 +126,21 @@ class JobSpec:
     @property
     def record_file(self) -> Path:
         return self.launch_dir / RECORD_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        """A local job's run lock (``launch/lock``)."""
+        return self.launch_dir / LOCK_FILE
+
+    @property
+    def pid_file(self) -> Path:
+        """A local job's torchrun group pid (``launch/pid``)."""
+        return self.launch_dir / PID_FILE
+
+    @property
+    def cancelled_mark(self) -> Path:
+        """What a cancel of a local job leaves (``launch/cancelled``)."""
+        return self.launch_dir / CANCELLED_MARK
 
 
 def worker_argv(job: JobSpec, python: str = "python") -> list[str]:
@@ -227,35 +260,54 @@ def stop_line(stopped: tp.Sequence[str], running: tp.Sequence[str], where: Path 
     return "; ".join([*parts, checkpoint])
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """This machine cannot submit the planned jobs (a tool, a file or a variable is missing); one line saying
     what is missing and how to fix it."""
 
 
-class Backend(abc.ABC, tp.Generic[RequestT, RefT]):
-    """One launcher backend. Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``,
-    ``backends.skypilot.SkyPilot``; :func:`automodel_hydra.backends.get` returns one by name."""
+class SubmitError(RuntimeError):
+    """Submitting failed after every check passed: the scheduler refused the job (``sbatch``'s or SkyPilot's own
+    message), or the job dir is held by another run. One line, exit status 1 (:data:`driver.LAUNCH_ERRORS`)."""
+
+
+class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
+    """One launcher backend, generic over its typed request, its job reference and the facts its preflight reads.
+    Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``, ``backends.skypilot.SkyPilot``;
+    :func:`automodel_hydra.backends.get` returns one by name.
+
+    ``facts=None`` in :meth:`world_size`, :meth:`plan` and :meth:`batches` means "planned without a preflight"
+    (tests of planning alone): a backend whose planning needs none plans as usual; SkyPilot refuses."""
 
     #: the backend's name, as in ``launch/submission.json`` and ``launcher=NAME``
     name: tp.ClassVar[str]
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
-        """Checks that need this machine, for every job about to be planned; keeps facts planning needs on
-        ``self``. Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from here."""
+    @abc.abstractmethod
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
+        """Checks that need this machine, for every job about to be planned; returns the facts planning needs
+        (kept nowhere else). Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from
+        here."""
 
     @abc.abstractmethod
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: FactsT | None = None) -> int:
         """How many ranks the job runs (for the rules of :func:`automodel_hydra.config.check_world`)."""
 
     @abc.abstractmethod
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[RequestT]:
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: FactsT | None = None) -> Plan[RequestT]:
         """Plan one job (pure). Raises ConfigError naming the key when a value cannot be planned."""
+
+    @abc.abstractmethod
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        """Whether the job's ranks see this machine's filesystem as it is here (torchrun on this node, Slurm
+        without a container on a shared filesystem), so that what they will read can be checked here before
+        anything starts: a model to fetch, a checkpoint to resume from. False where they run on other disks
+        (SkyPilot nodes) or in a container (its own paths and mounts)."""
 
     def check(self, plans: tp.Sequence[Plan[RequestT]]) -> None:
         """Checks of the planned jobs that need this machine or the backend's SDK (SkyPilot's own task schema);
         run before anything is written. Raises an error naming the field."""
 
-    def batches(self, plans: tp.Sequence[Plan[RequestT]], sweep_dir: Path | None) -> list[Batch[RequestT]]:
+    def batches(self, plans: tp.Sequence[Plan[RequestT]], sweep_dir: Path | None,
+                facts: FactsT | None = None) -> list[Batch[RequestT]]:
         """Group plans the way they are submitted (pure); default: one batch per job."""
         return [job_batch(p) for p in plans]
 

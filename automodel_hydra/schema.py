@@ -1,4 +1,4 @@
-"""Validation helpers shared by every config section: one error type and the checks that raise it.
+"""Validation helpers shared by every config section: the user-error type and the checks that raise it.
 
 Each section's dataclass (the recipe's in :mod:`automodel_hydra.config`, each launcher's beside its backend in
 :mod:`automodel_hydra.backends`) checks its own values in ``__post_init__`` with these helpers, so every bad value
@@ -10,7 +10,19 @@ from __future__ import annotations
 import typing as tp
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A mistake the user can fix (a config value, a file or a tool missing on this machine), with a message meant
+    to be read as one line. The one base of every such error: the driver, our Hydra launcher and the CLI print a
+    UserError as ``error: <line>`` without a traceback; any other exception is not a user's mistake and keeps its
+    traceback (:func:`automodel_hydra.driver.fail_unexpected`)."""
+
+
+class UserValueError(UserError, ValueError):
+    """A value the user gave that cannot be used, where no single config key names it (an ``sbatch`` option in
+    ``slurm.sbatch_args``, a backend name); the message is one line."""
+
+
+class ConfigError(UserError, ValueError):
     """A config value is invalid. The message names the full key, the bad value and what is valid."""
 
     def __init__(self, key: str, value: tp.Any, valid: str) -> None:

@@ -37,7 +37,6 @@ from pathlib import Path
 log = logging.getLogger("automodel_hydra.worker")
 
 #: ``launch/cancelled``: written by a local cancel (automodel_hydra.backends.interactive) before it signals the ranks.
-CANCELLED_MARK = "cancelled"
 #: ``launch/error.rank<N>.json``: a failed rank's exception where no torchrun agent named an error file for it
 #: (Slurm's srun ranks, a rank started by hand); see :func:`error_file`.
 RANK_ERROR_PREFIX = "error.rank"
@@ -213,6 +212,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
 
     from automodel_hydra import config, recipes
     from automodel_hydra.bootstrap import DistEnv, init_distributed
+    from automodel_hydra.plan import CANCELLED_MARK, RESULT_FILE
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: stop with the agent
         stop_when_parent_dies()
@@ -256,7 +256,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             wait_for_sigterm(stop)
         raise SystemExit(EXIT_STOPPED)
     if env.rank == 0:
-        write_result(Path(cfg.output_dir) / "result.json", result)
+        write_result(Path(cfg.output_dir) / RESULT_FILE, result)
     return result
 
 

@@ -54,9 +54,9 @@ def restorations(cfg: DictConfig, files: tp.Iterable[Path],
                  overridden: tp.Collection[str]) -> list[tuple[str, tp.Any, str]]:
     """``(key, value, text)`` for every text-typed launcher field that YAML 1.1 turned into a number or a boolean:
     the file's ``text`` should replace ``value``. Reads nothing of ``cfg`` but those fields; changes nothing."""
-    from automodel_hydra.backends.interactive import InteractiveConfig
-    from automodel_hydra.backends.skypilot import SkyPilotConfig
-    from automodel_hydra.backends.slurm import SlurmConfig
+    from automodel_hydra.backends.interactive_config import InteractiveConfig
+    from automodel_hydra.backends.skypilot_config import SkyPilotConfig
+    from automodel_hydra.backends.slurm_config import SlurmConfig
 
     text_fields = {"slurm": _text_fields(SlurmConfig), "skypilot": _text_fields(SkyPilotConfig),
                    "interactive": _text_fields(InteractiveConfig)}

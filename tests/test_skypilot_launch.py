@@ -71,8 +71,7 @@ def plan_job(tmp_path: Path, overrides: list[str], job: JobSpec | None = None) -
     job = job or JobSpec(job_dir=tmp_path / "R", job_name="train")
     cfg = config.load(compose_cfg(["launcher=skypilot", *overrides], job.job_dir))
     backend = skypilot.SkyPilot()
-    backend.preflight([cfg])
-    plan = backend.plan(cfg, job)
+    plan = backend.plan(cfg, job, backend.preflight([cfg]))
     for name, text in plan.files.items():  # what the driver writes before submitting
         (job.launch_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (job.launch_dir / name).write_text(text)
@@ -245,8 +244,7 @@ LAUNCH = textwrap.dedent("""
     cfg = config.load({"output_dir": "/tmp/o", "skypilot": {**({"cloud": sys.argv[2]} if sys.argv[2] else {}),
                                                             "checkpoint_bucket": "b-1", "hf_token": ""}})
     backend = skypilot.SkyPilot()
-    backend.preflight([cfg])
-    plan = backend.plan(cfg, JobSpec(job_dir=Path(sys.argv[1]), job_name="train"))
+    plan = backend.plan(cfg, JobSpec(job_dir=Path(sys.argv[1]), job_name="train"), backend.preflight([cfg]))
     (batch,) = backend.batches([plan], None)
     for path, text in batch.files.items():  # what the driver writes before submitting
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -355,8 +355,7 @@ def test_planning_does_not_import_sky() -> None:
         cfg = config.load({"output_dir": "/tmp/o", "skypilot": {"num_nodes": 2, "use_spot": True,
                                                                 "checkpoint_bucket": "b-1", "env_vars": {"T": "${T}"}}})
         backend = skypilot.SkyPilot()
-        backend.preflight([cfg])
-        plan = backend.plan(cfg, JobSpec(job_dir=Path("/tmp/o"), job_name="train"))
+        plan = backend.plan(cfg, JobSpec(job_dir=Path("/tmp/o"), job_name="train"), backend.preflight([cfg]))
         assert plan.request.task["num_nodes"] == 2
         print(sorted(m for m in sys.modules if m == "sky" or m.startswith("sky.")))
     """)
@@ -370,7 +369,7 @@ def test_planning_reads_nothing_of_the_machine(monkeypatch: pytest.MonkeyPatch, 
     cfg = load_block({"data": {"source": "file", "path": str(data)}, "model": {"name_or_path": str(tmp_path)},
                       "skypilot": {"job_dir": "~/jobs"}})
     backend = skypilot.SkyPilot()
-    backend.preflight([cfg])  # the one step that reads this machine
+    facts = backend.preflight([cfg])  # the one step that reads this machine
 
     def machine(*args: tp.Any, **kwargs: tp.Any) -> tp.NoReturn:
         raise AssertionError("planning read the machine")
@@ -379,9 +378,10 @@ def test_planning_reads_nothing_of_the_machine(monkeypatch: pytest.MonkeyPatch, 
                          (Path, "exists"), (Path, "is_file"), (Path, "is_dir"), (Path, "resolve"), (Path, "home")]:
         monkeypatch.setattr(target, name, machine)
     monkeypatch.setattr(os, "environ", {})
-    p = backend.plan(cfg, JOB)
+    p = backend.plan(cfg, JOB, facts)
     assert p.request.task["file_mounts"][f"~/automodel/{p.request.name}/launch/model"] == str(tmp_path)
-    assert backend.facts is not None and p.request.copy_dir == f"{backend.facts.job_dirs['~/jobs']}/{p.request.name}"
+    assert p.request.copy_dir == f"{facts.job_dirs['~/jobs']}/{p.request.name}"
+    assert vars(backend) == vars(skypilot.SkyPilot())  # the facts live in what preflight returned, not on the backend
 
 
 def test_preflight_facts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -393,12 +393,11 @@ def test_preflight_facts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.chdir(tmp_path)
     cfgs = [load_block({"skypilot": {"job_dir": d}}) for d in ("${JOBS}/am", "rel/dir")]
     backend = skypilot.SkyPilot()
-    backend.preflight(cfgs)
-    facts = backend.facts
-    assert facts is not None and facts.auto_bucket == skypilot.default_bucket("Jane.Doe", "login1")
+    facts = backend.preflight(cfgs)
+    assert facts.auto_bucket == skypilot.default_bucket("Jane.Doe", "login1")
     assert facts.auto_bucket.startswith("automodel-jane-doe-") and facts.set_vars == {"HF_TOKEN"}
     assert facts.job_dirs == {"${JOBS}/am": f"{tmp_path}/am", "rel/dir": f"{tmp_path}/rel/dir"}
-    (batch,) = backend.batches([backend.plan(cfgs[0], JOB)], None)
+    (batch,) = backend.batches([backend.plan(cfgs[0], JOB, facts)], None, facts)
     key = batch.plans[0].request.name
     copies = {tmp_path / "am" / key / name for name in (skypilot.TASK_FILE, skypilot.NODE_JOB_FILE)}
     assert copies < set(batch.files)

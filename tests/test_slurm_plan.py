@@ -395,8 +395,7 @@ def sweep_plans(tmp_path: Path, n: int, overrides: tp.Sequence[str] = ()) -> lis
 def sweep_batches(plans: tp.Sequence[Plan[slurm.Request]], sweep_dir: Path,
                   max_array_size: int = 1001) -> tuple[slurm.Slurm, list[Batch[slurm.Request]]]:
     backend = slurm.Slurm()
-    backend.max_array_size = max_array_size
-    return backend, backend.batches(plans, sweep_dir)
+    return backend, backend.batches(plans, sweep_dir, slurm.Facts(max_array_size))
 
 
 def write(batch: Batch[tp.Any]) -> None:
@@ -436,11 +435,9 @@ def test_max_array_size_is_read_from_the_cluster(monkeypatch: pytest.MonkeyPatch
     _write_exe(tmp_path / "scontrol", "#!/bin/sh\necho 'MaxArraySize            = 40'\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     backend = slurm.Slurm()
-    backend.preflight([])
-    assert backend.max_array_size == 40
+    assert backend.preflight([]) == slurm.Facts(max_array_size=40)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-    backend.preflight([])
-    assert backend.max_array_size == slurm.DEFAULT_MAX_ARRAY_SIZE
+    assert backend.preflight([]).max_array_size == slurm.DEFAULT_MAX_ARRAY_SIZE
 
 
 # ----------------------------------------------------------------------------------------------- submit, status

@@ -24,6 +24,7 @@ from automodel_hydra.backends.slurm_script import (
     render_sbatch,
     sbatch_export_args,
 )
+from automodel_hydra.plan import SubmitError
 from tests.conftest import WEIRD_NAME
 
 GOLDEN = Path(__file__).parent / "golden" / "render_sbatch.sh"
@@ -191,7 +192,7 @@ def test_parse_job_id(stdout: str, job_id: str) -> None:
 
 @pytest.mark.parametrize("stdout", ["", "\n", "Submitted batch job 123\n", "abc", "12 34", "123;", "123\n456\n"])
 def test_parse_job_id_quotes_what_it_could_not_read(stdout: str) -> None:
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(SubmitError) as e:
         parse_job_id(stdout)
     assert repr(stdout) in str(e.value) and "\n" not in str(e.value)
 

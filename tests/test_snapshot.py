@@ -120,20 +120,19 @@ def test_slurm_script_imports_the_snapshot_of_the_sweep(repo: Path, tmp_path: Pa
     sweep = tmp_path / "S"
     cfgs = [load([f"seed={i}"], sweep / str(i)) for i in range(3)]
     backend = slurm.Slurm()
-    backend.snapshots = slurm.find_snapshots(cfgs)
+    facts = slurm.Facts(snapshots=slurm.find_snapshots(cfgs))
     code = sweep / "launch" / "code"
-    plans = [backend.plan(cfg, JobSpec(sweep / str(i), "train", job_num=i, code_dir=code))
+    plans = [backend.plan(cfg, JobSpec(sweep / str(i), "train", job_num=i, code_dir=code), facts)
              for i, cfg in enumerate(cfgs)]
-    (batch,) = backend.batches(plans, sweep)
+    (batch,) = backend.batches(plans, sweep, facts)
     array = batch.files[sweep / "launch" / "sbatch.sh"]
     for text in [array, plans[0].files["sbatch.sh"]]:
         assert f"export PYTHONPATH={code}/src/my_pkg:{code}/lib${{PYTHONPATH:+:$PYTHONPATH}}" in text
         assert "export PYTHONSAFEPATH=1" in text and f"AUTOMODEL_CODE_SRC={code}/src" in text
         assert git(repo, "rev-parse", "HEAD")[:12] in text
-    none = slurm.Slurm()
-    none.snapshots = slurm.find_snapshots([load(["slurm.snapshot=none"], sweep / "0")])
-    plain = none.plan(load(["slurm.snapshot=none"], sweep / "0"), JobSpec(sweep / "0", "train",
-                                                                                              code_dir=code))
+    none = slurm.Facts(snapshots=slurm.find_snapshots([load(["slurm.snapshot=none"], sweep / "0")]))
+    plain = backend.plan(load(["slurm.snapshot=none"], sweep / "0"), JobSpec(sweep / "0", "train", code_dir=code),
+                         none)
     assert "PYTHONSAFEPATH" not in plain.files["sbatch.sh"] and str(code) not in plain.files["sbatch.sh"]
 
 

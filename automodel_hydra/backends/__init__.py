@@ -18,10 +18,12 @@ BACKENDS = {
 }
 
 
-def get(name: str) -> Backend[tp.Any, tp.Any]:
-    """A new instance of the backend called ``name``. Raises ValueError naming the valid backends."""
+def get(name: str) -> Backend[tp.Any, tp.Any, tp.Any]:
+    """A new instance of the backend called ``name``. Raises UserValueError naming the valid backends."""
     if name not in BACKENDS:
-        raise ValueError(f"unknown launcher backend {name!r}; valid: {sorted(BACKENDS)}")
+        from automodel_hydra.schema import UserValueError
+
+        raise UserValueError(f"unknown launcher backend {name!r}; valid: {sorted(BACKENDS)}")
     module, _, cls = BACKENDS[name].partition(":")
-    backend: Backend[tp.Any, tp.Any] = getattr(importlib.import_module(module), cls)()
+    backend: Backend[tp.Any, tp.Any, tp.Any] = getattr(importlib.import_module(module), cls)()
     return backend

@@ -29,11 +29,14 @@ import threading
 import time
 import typing as tp
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
+from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
+    CANCELLED_MARK,
+    LOCK_FILE,
+    PID_FILE,
     RESULT_FILE,
     TORCHRUN_LOG_DIR,
     Backend,
@@ -42,13 +45,14 @@ from automodel_hydra.plan import (
     JobSpec,
     Plan,
     Submission,
+    SubmitError,
     call_argv,
+    launch_dir,
     rank_error,
     read_result,
     worker_argv,
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
-from automodel_hydra.schema import at_least, check_port, require
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -58,37 +62,6 @@ log = logging.getLogger(__name__)
 
 SCRIPT = "torchrun.sh"
 CALL_SCRIPT = "call.sh"
-CANCELLED_MARK = "cancelled"
-LOCK = "lock"
-
-
-@dataclass
-class InteractiveConfig:
-    """torchrun on this node (``launcher=interactive``, the default)."""
-
-    # workers on this node: "auto" = one per visible GPU, else one per CPU core; or an integer >= 1
-    nproc_per_node: str = "auto"
-    # rendezvous port; null = one the OS picks, so jobs sharing the host never collide (rank 0 logs it); a port
-    # given here moves to the next free one when taken (logged)
-    master_port: tp.Optional[int] = None
-    # torchrun --max-restarts: restart the whole worker group this often after a worker fails
-    max_restarts: int = 0
-    # sweeps (-m): jobs run side by side on disjoint devices; null = as many as the devices allow
-    max_parallel: tp.Optional[int] = None
-    # not supported here: requeue is a Slurm feature (slurm.max_requeues); set only to get a clear error
-    max_requeues: tp.Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.nproc_per_node != "auto":
-            ok = str(self.nproc_per_node).isdigit() and int(self.nproc_per_node) >= 1
-            require(ok, "interactive.nproc_per_node", self.nproc_per_node, "'auto' or an integer >= 1")
-        if self.master_port is not None:
-            check_port("interactive.master_port", self.master_port)
-        require(self.max_restarts >= 0, "interactive.max_restarts", self.max_restarts, "must be >= 0")
-        at_least("interactive.max_parallel", self.max_parallel)
-        require(self.max_requeues is None, "interactive.max_requeues", self.max_requeues,
-                "requeue is a Slurm feature (launcher=slurm slurm.max_requeues=N); interactive runs restart "
-                "failed workers with interactive.max_restarts")
 
 
 def cuda_device_count() -> int:
@@ -110,6 +83,19 @@ def resolve_nproc(value: str, gpus: int, cpus: int) -> int:
     if value == "auto":
         return gpus or cpus
     return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """What :meth:`Interactive.preflight` counts here: visible CUDA devices and the CPU cores this process may
+    run on."""
+
+    gpus: int
+    cpus: tuple[int, ...]
+
+    @classmethod
+    def here(cls) -> Devices:
+        return cls(cuda_device_count(), tuple(cpu_cores()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,33 +139,33 @@ def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
     for port in range(start, min(start + 2000, 65536)):
         if port not in exclude and port_is_free(port):
             return port
-    raise RuntimeError(f"no free TCP port in {start}..{start + 1999}")
+    raise SubmitError(f"no free TCP port in {start}..{start + 1999}")
 
 
 def lock_job_dir(job: JobSpec) -> int:
     """Take the job dir's run lock (``flock`` on ``launch/lock``) and return its fd; the torchrun group inherits it,
     so the lock lives exactly as long as the job's processes, whoever started them.
 
-    Raises RuntimeError naming the dir and the holder's pid when another run is using this dir (two runs writing
+    Raises SubmitError naming the dir and the holder's pid when another run is using this dir (two runs writing
     one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
-    path = job.launch_dir / LOCK
+    path = job.lock_file
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise RuntimeError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
-                           f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
+        raise SubmitError(f"{job.job_dir} is in use by another run (pid {holder}); wait for it, cancel it "
+                          f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    (job.launch_dir / "pid").unlink(missing_ok=True)  # a pid left by an earlier run names another process now
+    job.pid_file.unlink(missing_ok=True)  # a pid left by an earlier run names another process now
     return fd
 
 
 def job_running(job_dir: Path) -> bool:
     """Whether a run holds the job dir's lock right now (no pid guessing: a recycled pid cannot fool it)."""
-    path = Path(job_dir) / "launch" / LOCK
+    path = launch_dir(job_dir) / LOCK_FILE
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -223,7 +209,7 @@ class _Scheduler:
                     if len(running) >= self.max_parallel or (running and need > len(free)):
                         break
                     pending.pop(0)
-                    if (self.plans[i].job.launch_dir / CANCELLED_MARK).exists():  # cancelled while queued
+                    if self.plans[i].job.cancelled_mark.exists():  # cancelled while queued
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                         continue
                     devices, free = free[:need], free[need:]
@@ -234,7 +220,7 @@ class _Scheduler:
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled:
                     for i in pending:
-                        (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # status says so later
+                        self.plans[i].job.cancelled_mark.touch()  # status says so later
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start"))
                     pending = []
                 self.cond.wait(timeout=0.2)
@@ -270,7 +256,7 @@ class _Scheduler:
                                 start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
                                 cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
-        (plan.job.launch_dir / "pid").write_text(f"{proc.pid}\n")
+        plan.job.pid_file.write_text(f"{proc.pid}\n")
         self.procs[i] = proc
         return proc
 
@@ -280,7 +266,7 @@ class _Scheduler:
             self.cancelled = True
             for i, proc in self.procs.items():
                 if proc.poll() is None:
-                    (self.plans[i].job.launch_dir / CANCELLED_MARK).touch()  # CANCELLED, not FAILED
+                    self.plans[i].job.cancelled_mark.touch()  # CANCELLED, not FAILED
                     stop_ranks(proc.pid)
             self.cond.notify_all()
 
@@ -304,7 +290,7 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
     out = plan.job.launch_dir / _out_name(plan)
     if out.exists():
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
-    cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
+    cancelled = returncode in (-signal.SIGTERM, 143) or plan.job.cancelled_mark.exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
     why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
     what = "the call's process" if plan.job.call is not None else "torchrun"
@@ -312,41 +298,38 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
                                   f"(job dir {plan.job.job_dir}){tail}")
 
 
-class Interactive(Backend[Request, LocalRef]):
+class Interactive(Backend[Request, LocalRef, Devices]):
     """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
     name = "interactive"
 
     def __init__(self) -> None:
-        self.gpus: int | None = None
-        self.cpus: list[int] = []
         self._futures: dict[str, Future[JobResult]] = {}
         self._schedulers: list[_Scheduler] = []
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Devices:
         from automodel_hydra.config import host_problems
 
         for cfg in cfgs:
             for problem in host_problems(cfg):
                 raise problem
-        self.gpus, self.cpus = cuda_device_count(), cpu_cores()
+        return Devices.here()
 
-    def _devices(self) -> tuple[int, list[int]]:
-        if self.gpus is None:  # planned without a preflight (tests of planning alone)
-            self.gpus, self.cpus = cuda_device_count(), cpu_cores()
-        return self.gpus, self.cpus
+    def world_size(self, cfg: TrainConfig, facts: Devices | None = None) -> int:
+        devices = facts or Devices.here()  # none: planned without a preflight (tests of planning alone)
+        return resolve_nproc(cfg.interactive.nproc_per_node, devices.gpus, len(devices.cpus))
 
-    def world_size(self, cfg: TrainConfig) -> int:
-        gpus, cpus = self._devices()
-        return resolve_nproc(cfg.interactive.nproc_per_node, gpus, len(cpus))
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        return True
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Devices | None = None) -> Plan[Request]:
         """torchrun argv for ``cfg.interactive`` as a bash script (pure, given the devices preflight counted); for
         a call job, one process (:meth:`plan_call`)."""
+        devices = facts or Devices.here()  # none: planned without a preflight (tests of planning alone)
         if job.call is not None:
-            return self.plan_call(cfg, job)
+            return self.plan_call(cfg, job, devices)
         ic = cfg.interactive
-        gpus, cpus = self._devices()
+        gpus, cpus = devices.gpus, devices.cpus
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
         worker = worker_argv(job, python=sys.executable)
         prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
@@ -378,13 +361,13 @@ class Interactive(Backend[Request, LocalRef]):
                           str(job.workdir) if job.workdir else None)
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
 
-    def plan_call(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def plan_call(self, cfg: TrainConfig, job: JobSpec, devices: Devices) -> Plan[Request]:
         """A call job: ``launch/call.sh`` runs one process (no torchrun, no rendezvous) with this project on
         PYTHONPATH. In a sweep it gets one device slot like a 1-worker job (a GPU, else a CPU core), so calls run
         side by side, at most ``interactive.max_parallel`` at once. ``env_set`` and ``chdir`` are applied by
         Hydra's ``run_job`` in that process, so the script sets neither."""
         ic = cfg.interactive
-        gpus, _ = self._devices()
+        gpus = devices.gpus
         lines = [
             "#!/usr/bin/env bash",
             f"# {job.job_name!r}: one process running the Hydra job's task function (launch/{job.call_file.name}). "
@@ -399,7 +382,8 @@ class Interactive(Backend[Request, LocalRef]):
         return Plan(self.name, job, {CALL_SCRIPT: "\n".join(lines)}, request, wait=True,
                     group_key=(ic.max_parallel,))
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Devices | None = None) -> list[Batch[Request]]:
         """All jobs in one batch: they are packed onto this node's devices together."""
         files = {p.job.launch_dir / name: text for p in plans for name, text in p.files.items()}
         return [Batch(tuple(plans), files)]
@@ -408,7 +392,7 @@ class Interactive(Backend[Request, LocalRef]):
         """Start the planned torchrun groups (packed onto free devices). Returns at once; see :meth:`wait`."""
         plans = batch.plans
         for p in plans:  # a rerun in the same dir starts uncancelled
-            (p.job.launch_dir / CANCELLED_MARK).unlink(missing_ok=True)
+            p.job.cancelled_mark.unlink(missing_ok=True)
         locks: list[int] = []
         try:
             for p in plans:  # every dir is ours before anything starts
@@ -449,7 +433,7 @@ class Interactive(Backend[Request, LocalRef]):
         """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
         for ref in refs:
             job_dir = Path(ref.job_dir)
-            (job_dir / "launch" / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
+            (launch_dir(job_dir) / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
             if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
                 stop_ranks(pid)
@@ -509,16 +493,16 @@ def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
     CANCELLED/FAILED; PENDING while a sweep's queue holds it."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
-    for result in (job_dir / RESULT_FILE, job_dir / "launch" / CALL_RESULT_FILE):  # a recipe's, a call's
+    for result in (job_dir / RESULT_FILE, launch_dir(job_dir) / CALL_RESULT_FILE):  # a recipe's, a call's
         if result.exists() and result.stat().st_mtime >= started_at - 1:
             return JobState.COMPLETED
-    if (job_dir / "launch" / CANCELLED_MARK).exists():
+    if (launch_dir(job_dir) / CANCELLED_MARK).exists():
         return JobState.CANCELLED
     return JobState.FAILED if _pid(job_dir) is not None else JobState.PENDING
 
 
 def _pid(job_dir: Path) -> int | None:
-    path = job_dir / "launch" / "pid"
+    path = launch_dir(job_dir) / PID_FILE
     try:
         return int(path.read_text())
     except (OSError, ValueError):

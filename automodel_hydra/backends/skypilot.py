@@ -5,7 +5,7 @@ and ours, and the facts of SkyPilot 0.14.1 relied on.
 
 The contract's steps (:mod:`automodel_hydra.plan`):
 
-* :meth:`SkyPilot.preflight` reads what planning needs from this machine and keeps it as :class:`Facts`: the
+* :meth:`SkyPilot.preflight` reads what planning needs from this machine and returns it as :class:`Facts`: the
   per-user bucket name for ``checkpoint_bucket: auto`` (user and host name), which of ``HF_TOKEN`` /
   ``WANDB_API_KEY`` are set (names only), and each ``job_dir`` as an absolute path.
 * :func:`make_plan` is pure (no ``import sky``, reads only its arguments): ``launch/sky_task.yaml`` (the task) and
@@ -28,24 +28,30 @@ import contextlib
 import dataclasses
 import getpass
 import hashlib
-import json
 import logging
 import os
-import re
 import shlex
 import socket
 import typing as tp
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from automodel_hydra.backends.skypilot_config import CANNOT_STOP as CANNOT_STOP
+from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS as SKYPILOT_CLOUDS
+from automodel_hydra.backends.skypilot_config import SkyPilotConfig as SkyPilotConfig
+from automodel_hydra.backends.skypilot_config import sky_name
 from automodel_hydra.backends.skypilot_env import SECRET_FIELDS, EnvEntry, expand, parse, task_env
-from automodel_hydra.bootstrap import DEFAULT_PORT
+from automodel_hydra.backends.skypilot_sdk import RESULT_MARK as RESULT_MARK
+from automodel_hydra.backends.skypilot_sdk import STATE as STATE
+from automodel_hydra.backends.skypilot_sdk import TASK_FILE as TASK_FILE
+from automodel_hydra.backends.skypilot_sdk import SkyPilotPlanError as SkyPilotPlanError
+from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
+from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix
-from automodel_hydra.schema import ConfigError, at_least, check_port, require
+from automodel_hydra.schema import ConfigError, require
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -53,10 +59,7 @@ if tp.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TASK_FILE = "sky_task.yaml"
 NODE_JOB_FILE = "job.sky.yaml"
-#: Node 0 prints ``<RESULT_MARK><result.json on one line>`` after training (read back by :func:`wait`).
-RESULT_MARK = "automodel-result: "
 #: Why a Hydra task function that is not ours (a call job, automodel_hydra.call) does not run on SkyPilot.
 CALL_REFUSAL = ("a task function not declared @automodel_hydra.driver.launchable runs on interactive or slurm only: "
                 "on a SkyPilot node its Hydra job dir (.hydra/, its log, every file it writes) would be on the "
@@ -64,176 +67,6 @@ CALL_REFUSAL = ("a task function not declared @automodel_hydra.driver.launchable
                 "use hydra.launcher.backend=interactive|slurm, or declare the function @launchable")
 #: Seconds between status polls in :func:`wait`.
 POLL_S = 15.0
-#: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> the product's state names
-#: (Slurm's): a recovering managed job is PENDING (it will run again); SkyPilot's failure kinds are FAILED.
-STATE = {
-    "INIT": "PENDING", "PENDING": "PENDING", "SUBMITTED": "PENDING", "STARTING": "PENDING", "SETTING_UP": "PENDING",
-    "RUNNING": "RUNNING", "WINDING_DOWN": "RUNNING", "CANCELLING": "RUNNING", "RECOVERING": "PENDING",
-    "SUCCEEDED": "COMPLETED", "CANCELLED": "CANCELLED",
-    "FAILED": "FAILED", "FAILED_SETUP": "FAILED", "FAILED_PRECHECKS": "FAILED", "FAILED_NO_RESOURCE": "FAILED",
-    "FAILED_CONTROLLER": "FAILED", "FAILED_DRIVER": "FAILED",
-}
-
-
-class SkyPilotPlanError(ValueError):
-    """SkyPilot's own schema or ``sky.Task`` construction rejected the planned task; the message names the field."""
-
-
-# ----------------------------------------------------------------------------------------------- schema
-
-
-#: Clouds AutoModel's SkyPilot launcher accepts (``nemo_automodel``'s ``SUPPORTED_CLOUDS``), case-insensitive.
-SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "kubernetes")
-#: Clouds whose clusters cannot be stopped, only torn down (SkyPilot: ``CloudImplementationFeatures.STOP``).
-CANNOT_STOP = ("kubernetes", "lambda")
-
-
-@dataclass
-class SkyPilotConfig:
-    """One SkyPilot task per job, with NeMo AutoModel's ``skypilot:`` keys and defaults where they decide the
-    hardware or the bill. Spot jobs run as SkyPilot managed jobs (preemptions recovered); on-demand jobs run on a
-    named cluster (``sky.launch``) that stops itself when idle. docs/skypilot.md: every key, AutoModel's default
-    and ours, and why they differ."""
-
-    #: Fields holding shell text, taken raw by ``config.load`` and given their shell meaning here.
-    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "hf_token", "wandb_key", "hf_home", "job_dir", "setup")
-
-    # aws | gcp | azure | lambda | kubernetes (any case); null = the cheapest cloud `sky check` enabled
-    cloud: tp.Optional[str] = None
-    # NAME:COUNT per node, e.g. H100:8 or A100-80GB:4; null = CPU instances
-    accelerators: tp.Optional[str] = "T4:1"
-    # instances (nodes), >= 1
-    num_nodes: int = 1
-    # preemptible instances, run as a SkyPilot managed job so preemptions are recovered (needs checkpoint_bucket)
-    use_spot: bool = True
-    # disk per node in GB, >= 1; null = SkyPilot's default
-    disk_size: tp.Optional[int] = 100
-    # cloud region (kubernetes: the context), zone within it, instance type; null = SkyPilot chooses
-    region: tp.Optional[str] = None
-    zone: tp.Optional[str] = None
-    instance_type: tp.Optional[str] = None
-    # shell lines run on every node after this project's own install (`pip install -e`), under `set -eo pipefail`
-    setup: tp.Optional[str] = None
-    # variables for the job; shell references ($VAR, ${VAR}, ${VAR:-default}) are expanded from this shell at launch
-    env_vars: tp.Dict[str, str] = field(default_factory=dict)
-    # HF_HOME on the nodes; null = not set
-    hf_home: tp.Optional[str] = "~/.cache/huggingface"
-    # HF_TOKEN / WANDB_API_KEY on the nodes, as SkyPilot secrets; null = this shell's $HF_TOKEN / $WANDB_API_KEY
-    # when set; "" = none; "${VAR}" = this shell's $VAR
-    hf_token: tp.Optional[str] = None
-    wandb_key: tp.Optional[str] = None
-    # a local dir that also gets the task files, under <job_dir>/<run name>/; null = only the run dir's launch/
-    job_dir: tp.Optional[str] = None
-    # rendezvous port on the head node (each job has its own cluster)
-    master_port: int = DEFAULT_PORT
-    # workers (ranks) per node; null = the accelerator count (1 without accelerators); gpus_per_node: AutoModel's name
-    nproc_per_node: tp.Optional[int] = None
-    gpus_per_node: tp.Optional[int] = None
-    # synced to every node as the working directory; null = this project's root
-    workdir: tp.Optional[str] = None
-    # bucket holding the job's output dir and checkpoints, mounted at checkpoint_mount (MOUNT_CACHED): a bucket name
-    # (created by SkyPilot when missing), a URI (s3://b, gs://b/prefix, ...), "auto" (a per-user bucket when the job
-    # needs one: use_spot, or num_nodes > 1 off kubernetes; else the node's disk) or null (node disk; not with spot)
-    checkpoint_bucket: tp.Optional[str] = "auto"
-    # store for a bucket given by name (s3, gcs, azure, r2, ...); null = the task's cloud
-    checkpoint_store: tp.Optional[str] = None
-    # where the bucket is mounted on every node (absolute)
-    checkpoint_mount: str = "/checkpoints"
-    # the run's name on the cloud (task, managed job, default cluster name, bucket dir: a relaunch with the same name
-    # resumes there), made a valid SkyPilot name (my_run -> my-run); null = <job name>-<hash of the output dir>;
-    # sweeps add -<num>. job_name: AutoModel's name for it
-    run_name: tp.Optional[str] = None
-    job_name: tp.Optional[str] = None
-    # on-demand only: cluster name (null = the run name)
-    cluster_name: tp.Optional[str] = None
-    # on-demand only: stop the cluster after this many idle minutes; null = keep it up until `sky stop`/`sky down`
-    idle_minutes_to_autostop: tp.Optional[int] = 10
-    # on-demand only: tear the cluster down instead of stopping it; null = down when the outputs are in a bucket or
-    # the cloud cannot stop (kubernetes, lambda), else stop (the node disk keeps the outputs)
-    down: tp.Optional[bool] = None
-    # managed (spot) jobs: also restart after this many user-code failures (preemptions are always recovered)
-    max_restarts_on_errors: int = 0
-    # wait for the job(s) and return their final state (single runs and sweeps); false = return right after launch
-    wait: bool = True
-    # not supported here: requeue is a Slurm feature; spot recovery is use_spot=true
-    max_requeues: tp.Optional[int] = None
-
-    def __post_init__(self) -> None:
-        self.nproc_per_node = _alias("nproc_per_node", self.nproc_per_node, "gpus_per_node", self.gpus_per_node)
-        self.run_name = _alias("run_name", self.run_name, "job_name", self.job_name)
-        self.gpus_per_node = self.job_name = None  # normalised once: the canonical key holds the value
-        if self.cloud is not None:
-            require(self.cloud.lower() in SKYPILOT_CLOUDS, "skypilot.cloud", self.cloud,
-                    f"one of {list(SKYPILOT_CLOUDS)}, or null for the cheapest cloud `sky check` enabled")
-            self.cloud = self.cloud.lower()
-        if self.accelerators is not None:
-            ok = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(:[1-9][0-9]*)?", str(self.accelerators))
-            require(bool(ok), "skypilot.accelerators", self.accelerators, "NAME or NAME:COUNT, e.g. 'H100:8'")
-        for key in ("region", "zone", "instance_type"):
-            value = getattr(self, key)
-            slash_ok = key == "region" and self.cloud == "kubernetes"  # a context name may hold '/'
-            require(value is None or bool(re.fullmatch(r"[^\s/]+" if not slash_ok else r"\S+", value)),
-                    f"skypilot.{key}", value, "a name without spaces or '/'")
-        require(self.zone is None or self.cloud != "kubernetes", "skypilot.zone", self.zone,
-                "null on kubernetes (skypilot.region names the context)")
-        at_least("skypilot.num_nodes", self.num_nodes)
-        at_least("skypilot.disk_size", self.disk_size)
-        at_least("skypilot.nproc_per_node", self.nproc_per_node)
-        at_least("skypilot.idle_minutes_to_autostop", self.idle_minutes_to_autostop, 0)
-        require(not (self.down is False and self.cloud in CANNOT_STOP and self.idle_minutes_to_autostop is not None),
-                "skypilot.down", self.down, f"true or null on {self.cloud}, which cannot stop a cluster (only tear it "
-                "down); skypilot.idle_minutes_to_autostop=null keeps it up")
-        check_port("skypilot.master_port", self.master_port)
-        require(self.max_restarts_on_errors >= 0, "skypilot.max_restarts_on_errors", self.max_restarts_on_errors,
-                "must be >= 0")
-        require(self.max_requeues is None, "skypilot.max_requeues", self.max_requeues,
-                "requeue is a Slurm feature; on SkyPilot use skypilot.use_spot=true (a managed job recovers "
-                "preemptions) and skypilot.max_restarts_on_errors for failures")
-        bucket = self.checkpoint_bucket
-        require(bucket is not None or not self.use_spot, "skypilot.checkpoint_bucket", bucket,
-                "spot jobs need checkpoints on storage that outlives the instance: a bucket name, a URI "
-                "(s3://..., gs://...) or 'auto' (skypilot.use_spot=true)")
-        if bucket is not None and bucket != "auto":
-            ok = re.fullmatch(_BUCKET_NAME, bucket) or re.fullmatch(r"[a-z0-9]+://[^\s]+", bucket)
-            require(bool(ok), "skypilot.checkpoint_bucket", bucket,
-                    "'auto', a bucket name (3-63 of a-z 0-9 . -) or a URI such as s3://bucket or gs://bucket/prefix")
-            require(self.checkpoint_store is None or "://" not in bucket, "skypilot.checkpoint_store",
-                    self.checkpoint_store, "null when skypilot.checkpoint_bucket is a URI (its scheme is the store)")
-        mount = self.checkpoint_mount
-        require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
-                "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
-        require(self.run_name is None or bool(sky_name(self.run_name)), "skypilot.run_name", self.run_name,
-                "a name with at least one letter or digit")
-        require(self.cluster_name is None or bool(re.fullmatch(_SKY_NAME, self.cluster_name)),
-                "skypilot.cluster_name", self.cluster_name,
-                "a SkyPilot cluster name: letters, digits, '-', '_', '.', starting with a letter")
-
-    @property
-    def accelerator_count(self) -> int:
-        """Accelerators per node (``H100:8`` -> 8, ``T4`` -> 1, none -> 0)."""
-        if not self.accelerators:
-            return 0
-        _, _, count = str(self.accelerators).partition(":")
-        return int(count or 1)
-
-    @property
-    def nproc(self) -> int:
-        """torchrun workers per node: ``nproc_per_node``, else the accelerator count, else 1 (AutoModel's rule)."""
-        return self.nproc_per_node or self.accelerator_count or 1
-
-
-def _alias(key: str, value: tp.Any, alias: str, alias_value: tp.Any) -> tp.Any:
-    """The value of ``skypilot.<key>``, given AutoModel's name for it; both set to different values is an error."""
-    if alias_value is None or alias_value == value:
-        return value
-    require(value is None, f"skypilot.{alias}", alias_value,
-            f"skypilot.{alias} is AutoModel's name for skypilot.{key}, which is set to {value!r}: set one of the two")
-    return alias_value
-
-
-#: S3/GCS bucket names; SkyPilot cluster names (``CLUSTER_NAME_VALID_REGEX`` of sky/skylet/constants.py).
-_BUCKET_NAME = r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]"
-_SKY_NAME = r"[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,30 +105,8 @@ class Request:
         return tuple((e.name, e.key) for e in self.env if e.secret)
 
 
-@dataclasses.dataclass(frozen=True)
-class SkyRef:
-    """A SkyPilot job: a managed job (``cluster`` None) or job ``job_id`` on an on-demand ``cluster``."""
-
-    job_id: str
-    cluster: str | None = None
-
-    @property
-    def ids(self) -> list[str]:
-        return [f"{self.cluster}:{self.job_id}" if self.cluster else self.job_id]
-
-    def cli(self, verb: str) -> str:
-        """The SkyPilot command for this job (``sky jobs logs 12``, ``sky logs dev 3``)."""
-        return f"sky {verb} {self.cluster} {self.job_id}" if self.cluster else f"sky jobs {verb} {self.job_id}"
-
-
 # ----------------------------------------------------------------------------------------------- names and paths
 
-
-def sky_name(text: str) -> str:
-    """A name every cloud accepts for a SkyPilot task, cluster and bucket dir: lowercase letters, digits and single
-    dashes, starting with a letter (``llama3_2_1b_squad`` -> ``llama3-2-1b-squad``); "" when nothing is left."""
-    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return slug if not slug or slug[:1].isalpha() else f"j-{slug}"
 
 
 def run_key(sc: SkyPilotConfig, job: JobSpec) -> str:
@@ -378,15 +189,6 @@ def render_run(key: str, nproc: int, master_port: int, worker: list[str], prefix
         f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then echo "{RESULT_MARK}$(tr -d \'\\n\' < {result})"; fi',
         "",
     ])
-
-
-def parse_result(log_text: str) -> dict[str, tp.Any] | None:
-    """The job's final metrics from its log: the last :data:`RESULT_MARK` line (None when there is none)."""
-    for line in reversed(log_text.splitlines()):
-        if RESULT_MARK in line:
-            with contextlib.suppress(ValueError):
-                return json.loads(line.split(RESULT_MARK, 1)[1])
-    return None
 
 
 def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
@@ -521,16 +323,15 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-class SkyPilot(Backend[Request, SkyRef]):
+class SkyPilot(Backend[Request, SkyRef, Facts]):
     """SkyPilot: one task per job; a managed job when ``use_spot``, else ``sky.launch`` on a named cluster."""
 
     name = "skypilot"
 
     def __init__(self) -> None:
-        self.facts: Facts | None = None
         self._access: dict[str | None, str | None] = {}  # cloud -> its credential problem, asked once
 
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Facts:
         """Read what planning needs from this machine (:class:`Facts`): the ``auto`` bucket name (user and host
         name), which of ``HF_TOKEN`` / ``WANDB_API_KEY`` are set, each ``job_dir`` (shell references, ``~`` and a
         relative path resolved here), the local files uploaded to the nodes. Raises ConfigError for a
@@ -554,23 +355,27 @@ class SkyPilot(Backend[Request, SkyRef]):
         user = os.environ.get("USER", "user")
         with contextlib.suppress(KeyError, OSError):
             user = getpass.getuser()
-        self.facts = Facts(default_bucket(user, socket.gethostname()),
-                           frozenset(n for n in SECRET_FIELDS.values() if os.environ.get(n)), job_dirs, paths)
+        return Facts(default_bucket(user, socket.gethostname()),
+                     frozenset(n for n in SECRET_FIELDS.values() if os.environ.get(n)), job_dirs, paths)
 
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         sc = cfg.skypilot
         assert sc is not None
         return sc.num_nodes * sc.nproc
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        return False  # cloud nodes: their own disks, this project synced, outputs in a bucket or on the node
+
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """:func:`make_plan` with the facts :meth:`preflight` read (SkyPilot's schema check is :meth:`check`).
 
         A call job (a Hydra task function that is not ours) is refused: :data:`CALL_REFUSAL` says why."""
         if job.call is not None:
             raise ConfigError("hydra.launcher.backend", "skypilot", CALL_REFUSAL)
-        if self.facts is None:
-            raise RuntimeError("SkyPilot.preflight(cfgs) must run before plan: planning reads no machine")
-        return make_plan(cfg, job, self.facts)
+        if facts is None:
+            raise RuntimeError("SkyPilot.plan needs the facts SkyPilot.preflight(cfgs) returns: planning reads no "
+                               "machine")
+        return make_plan(cfg, job, facts)
 
     def check(self, plans: tp.Sequence[Plan[Request]]) -> None:
         """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and every shell reference
@@ -581,7 +386,8 @@ class SkyPilot(Backend[Request, SkyRef]):
             skypilot_sdk.validate(p.request.task)
             skypilot_sdk.launch_values(p.request, os.environ)
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Facts | None = None) -> list[Batch[Request]]:
         """One batch per job: its launch files, and the same task files under ``<job_dir>/<key>/`` when
         ``skypilot.job_dir`` is set (AutoModel keeps a job's files there)."""
         out = []

@@ -11,27 +11,68 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
+import json
 import logging
 import os
 import re
 import time
 import typing as tp
 
-from automodel_hydra.backends.skypilot import (
-    SKYPILOT_CLOUDS,
-    STATE,
-    TASK_FILE,
-    Request,
-    SkyPilotPlanError,
-    SkyRef,
-    parse_result,
-)
+from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_env import expand
-from automodel_hydra.plan import JobResult, PreflightError, Submission
+from automodel_hydra.plan import JobResult, PreflightError, Submission, SubmitError
+from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState
 
+if tp.TYPE_CHECKING:
+    from automodel_hydra.backends.skypilot import Request
+
 log = logging.getLogger(__name__)
+
+#: The planned task in the job's ``launch/`` (``sky launch launch/sky_task.yaml`` reruns it by hand).
+TASK_FILE = "sky_task.yaml"
+#: Node 0 prints ``<RESULT_MARK><result.json on one line>`` after training (read back by :func:`wait`).
+RESULT_MARK = "automodel-result: "
+#: SkyPilot job states (managed ``ManagedJobStatus`` and cluster ``JobStatus``) -> the product's state names
+#: (Slurm's): a recovering managed job is PENDING (it will run again); SkyPilot's failure kinds are FAILED.
+STATE = {
+    "INIT": "PENDING", "PENDING": "PENDING", "SUBMITTED": "PENDING", "STARTING": "PENDING", "SETTING_UP": "PENDING",
+    "RUNNING": "RUNNING", "WINDING_DOWN": "RUNNING", "CANCELLING": "RUNNING", "RECOVERING": "PENDING",
+    "SUCCEEDED": "COMPLETED", "CANCELLED": "CANCELLED",
+    "FAILED": "FAILED", "FAILED_SETUP": "FAILED", "FAILED_PRECHECKS": "FAILED", "FAILED_NO_RESOURCE": "FAILED",
+    "FAILED_CONTROLLER": "FAILED", "FAILED_DRIVER": "FAILED",
+}
+
+
+class SkyPilotPlanError(UserError, ValueError):
+    """SkyPilot's own schema or ``sky.Task`` construction rejected the planned task; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SkyRef:
+    """A SkyPilot job: a managed job (``cluster`` None) or job ``job_id`` on an on-demand ``cluster``."""
+
+    job_id: str
+    cluster: str | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{self.cluster}:{self.job_id}" if self.cluster else self.job_id]
+
+    def cli(self, verb: str) -> str:
+        """The SkyPilot command for this job (``sky jobs logs 12``, ``sky logs dev 3``)."""
+        return f"sky {verb} {self.cluster} {self.job_id}" if self.cluster else f"sky jobs {verb} {self.job_id}"
+
+
+def parse_result(log_text: str) -> dict[str, tp.Any] | None:
+    """The job's final metrics from its log: the last :data:`RESULT_MARK` line (None when there is none)."""
+    for line in reversed(log_text.splitlines()):
+        if RESULT_MARK in line:
+            with contextlib.suppress(ValueError):
+                return json.loads(line.split(RESULT_MARK, 1)[1])
+    return None
 
 
 def sky_module() -> tp.Any:
@@ -141,7 +182,8 @@ def cloud_problem(sky: tp.Any, cloud: str | None) -> str | None:
 def launch_error(sky: tp.Any, error: Exception) -> Exception:
     """A launch failure the user fixes on this machine as one line naming the cause and ``sky check``: no cloud
     access (``NoCloudAccessError``), no network (SkyPilot fetches its catalogs and calls the cloud's API). Any
-    other error is returned as it is (SkyPilot's own message, e.g. ``Failed to setup with return code 1``)."""
+    other error of SkyPilot's is a SubmitError with SkyPilot's own message (e.g. ``Failed to setup with return
+    code 1``)."""
     if isinstance(error, sky.exceptions.NoCloudAccessError):
         return PreflightError(f"SkyPilot has no cloud access from this machine ({_one_line(error)}); run `sky check`"
                               " and fix what it reports")
@@ -153,7 +195,7 @@ def launch_error(sky: tp.Any, error: Exception) -> Exception:
         where = host.group(1) if host else "the network"
         return PreflightError(f"SkyPilot cannot reach {where} from this machine ({type(error).__name__}: no network?);"
                               " check the connection, then run `sky check`")
-    return error
+    return SubmitError(f"SkyPilot: {type(error).__name__}: {_one_line(error)}")
 
 
 def raw_states(refs: tp.Sequence[SkyRef]) -> list[str]:
@@ -199,7 +241,8 @@ def launch(rq: Request, access: dict[str | None, str | None]) -> SkyRef:
     (:func:`cloud_problem`, cached in ``access`` per cloud), so a machine without them fails in seconds and starts
     nothing. If the launch fails and this call started SkyPilot's local API server (the SDK starts one, ~1 GB in 8
     processes, on first use), ``sky.api_stop()`` stops it again. Raises PreflightError (one line: no credentials,
-    no network; and ``sky check``) or SkyPilot's own error (e.g. ``Failed to setup with return code 1``)."""
+    no network; and ``sky check``) or SubmitError (SkyPilot's own message, e.g. ``Failed to setup with return
+    code 1``)."""
     sky = sky_module()
     task = build_task(rq, os.environ)
     local = _api_server_is_local(sky)
@@ -220,10 +263,7 @@ def launch(rq: Request, access: dict[str | None, str | None]) -> SkyRef:
             log.info("stopping the SkyPilot API server this launch started (sky.api_stop)")
             with contextlib.suppress(Exception):
                 sky.api_stop()
-        error = launch_error(sky, e)
-        if error is e:
-            raise
-        raise error from e
+        raise launch_error(sky, e) from e
     return SkyRef(str(job_id[0] if isinstance(job_id, (list, tuple)) else job_id),
                   None if rq.managed else rq.cluster_name)
 

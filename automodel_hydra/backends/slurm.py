@@ -38,7 +38,6 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import logging
-import math
 import os
 import re
 import shlex
@@ -48,9 +47,13 @@ import sys
 import time
 import typing as tp
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODEL_DEFAULTS
+from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
+from automodel_hydra.backends.slurm_config import SlurmConfig as SlurmConfig
+from automodel_hydra.backends.slurm_config import VolumeMapping as VolumeMapping
+from automodel_hydra.backends.slurm_config import parse_slurm_time as parse_slurm_time
 from automodel_hydra.backends.slurm_script import (
     SRUN_EXPORT_ARGS,
     ShellWord,
@@ -59,7 +62,7 @@ from automodel_hydra.backends.slurm_script import (
     render_sbatch,
     sbatch_export_args,
 )
-from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
+from automodel_hydra.bootstrap import PORT_SPAN
 from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (
     Backend,
@@ -69,13 +72,15 @@ from automodel_hydra.plan import (
     Plan,
     PreflightError,
     Submission,
+    SubmitError,
     call_argv,
+    launch_dir,
     rank_error,
     read_result,
     worker_argv,
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
-from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
+from automodel_hydra.schema import ConfigError, UserValueError
 from automodel_hydra.snapshot import Source
 from automodel_hydra.states import JobState, StateInfo
 
@@ -88,12 +93,6 @@ SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
-#: NeMo AutoModel's Slurm defaults (its SlurmConfig and sbatch template) for the keys that set the hardware or the
-#: bill, applied to an AutoModel recipe's ``slurm:`` section where the file leaves the key out, so the file asks for
-#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition, whole nodes (``--exclusive``) and
-#: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
-AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
-                                         "sbatch_args": {"exclusive": None}}
 #: What NeMo AutoModel's sbatch template fixed for every job, kept for a recipe other than the bundled one (an
 #: AutoModel file runs with the settings its recipes were developed under); each can be changed (docs/slurm.md,
 #: "AutoModel's template"). Environment: task defaults (the submitting shell's value or an ``env_vars`` entry
@@ -111,10 +110,6 @@ AUTOMODEL_SBATCH = {"mail-type": "FAIL"}
 TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
 PROJECT_MOUNT = "/opt/automodel-hydra"
-#: The Slurm options of a call job (a Hydra task function that is not ours, ``hydra.launcher.slurm``) where they
-#: differ from :class:`SlurmConfig`'s: one task on one node, no GPU unless asked, and ``job_name: ""`` = the Hydra
-#: job's name.
-CALL_DEFAULTS: dict[str, tp.Any] = {"job_name": "", "ntasks_per_node": 1, "gpus_per_node": 0}
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 #: Defaults every task gets; the submitting shell's value or an ``env_vars`` entry wins.
@@ -122,216 +117,6 @@ TASK_DEFAULTS = {
     "NCCL_DEBUG": "WARN",  # NCCL prints warnings and errors, not its INFO chatter
     "OMP_NUM_THREADS": "${SLURM_CPUS_PER_TASK:-1}",  # srun (unlike torchrun) sets no thread count
 }
-
-
-# ----------------------------------------------------------------------------------------------- schema
-
-# sbatch(1), option --time: "Acceptable time formats include "minutes", "minutes:seconds", "hours:minutes:seconds",
-# "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds"."
-_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
-
-
-def parse_slurm_time(value: str | int, key: str = "slurm.time") -> int:
-    """Parse a Slurm wall-time limit into whole minutes, rounding seconds up.
-
-    Accepts every form sbatch(1) ``--time`` documents: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
-    ``D-HH:MM:SS``, and an integer number of minutes. ``UNLIMITED``/``INFINITE`` and ``0`` (which Slurm reads as
-    "no limit") are rejected: a launcher that checkpoints before the limit needs a finite one.
-
-    Returns
-    -------
-    int
-        Minutes, >= 1 (``"00:30:30"`` -> 31, ``"1-00:00:00"`` -> 1440, ``90`` -> 90).
-
-    Raises
-    ------
-    ConfigError
-        The value matches none of the forms, or is zero.
-    """
-    text = str(value).strip()
-    m = _SLURM_TIME.match(text)
-    valid = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes, > 0"
-    if not m:
-        raise ConfigError(key, value, valid)
-    g = {k: int(v or 0) for k, v in m.groupdict().items()}
-    if m["days"] is not None:
-        seconds = g["days"] * 86400 + g["dh"] * 3600 + g["dm"] * 60 + g["ds"]
-    elif m["c"] is not None:  # HH:MM:SS
-        seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
-    else:  # MM or MM:SS
-        seconds = g["a"] * 60 + g["b"]
-    require(seconds > 0, key, value, valid)
-    return math.ceil(seconds / 60)
-
-
-
-@dataclass
-class VolumeMapping:
-    """A container mount ``source`` (on the host) -> ``dest`` (in the container); both absolute."""
-
-    source: str
-    dest: str
-
-    @classmethod
-    def parse(cls, item: tp.Any, key: str) -> VolumeMapping:
-        """Accept ``{source, dest}`` or ``"src:dst"``; check both are absolute (whether the source exists is a
-        question for the host that runs the job: see :meth:`Slurm.preflight`).
-
-        Raises ConfigError naming ``key`` otherwise."""
-        if isinstance(item, VolumeMapping):
-            vm = item
-        elif isinstance(item, str) and item.count(":") == 1:
-            vm = cls(*item.split(":"))
-        elif isinstance(item, tp.Mapping) and set(item) == {"source", "dest"}:
-            vm = cls(str(item["source"]), str(item["dest"]))
-        else:
-            raise ConfigError(key, item, "a mount {source: /abs/host/path, dest: /abs/container/path} or '/src:/dst'")
-        require(vm.source.startswith("/"), f"{key}.source", vm.source, "must be an absolute path")
-        require(vm.dest.startswith("/"), f"{key}.dest", vm.dest, "must be an absolute path")
-        return vm
-
-
-@dataclass
-class SlurmConfig:
-    """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
-
-    #: Fields that are shell text for the job itself: written to the script as they are, so bash expands their
-    #: ``$VAR`` where the job runs (a ``$HF_TOKEN`` in ``setup`` never becomes its value in a file). Every other
-    #: field's shell references are expanded from the submitting shell (automodel_hydra/envvars.py).
-    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args", "hf_token", "wandb_key")
-
-    job_name: str = "llm_finetune"
-    nodes: int = 1
-    # tasks (= ranks) per node; one per GPU on GPU clusters
-    ntasks_per_node: int = 8
-    # wall-time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes
-    time: str = "04:00:00"
-    account: tp.Optional[str] = None
-    partition: tp.Optional[str] = None
-    # Enroot/Pyxis image (srun --container-image)
-    container_image: tp.Optional[str] = None
-    # containers: a path inside the container where this project's source is mounted (put on PYTHONPATH there);
-    # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
-    # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
-    nemo_mount: tp.Any = None
-    # Hugging Face cache (AutoModel's hf_home): exported as HF_HOME on the ranks, created by the job when missing,
-    # and mounted at the same path when a container is used; "~/..." is the job user's home on the nodes. null = no
-    # HF_HOME from here (the submitting shell's, else Hugging Face's own default ~/.cache/huggingface)
-    hf_home: tp.Optional[str] = None
-    # VolumeMapping {source, dest} or "src:dst"
-    extra_mounts: tp.List[tp.Any] = field(default_factory=list)
-    # rendezvous port base; the job uses master_port + SLURM_JOB_ID % 1000 so jobs sharing a node never collide
-    master_port: int = DEFAULT_PORT
-    # variables for the job; "${VAR}" = the submitting shell's $VAR, expanded in the job, never written to a file
-    env_vars: tp.Dict[str, str] = field(default_factory=dict)
-    # AutoModel's: the job's HF_TOKEN / WANDB_API_KEY, as a reference to a variable of the submitting shell
-    # ("${HF_TOKEN}"; a token's value is never written into the script); null = the submitting shell's own
-    # HF_TOKEN / WANDB_API_KEY reach the job when set (also at SBATCH_EXPORT=NONE sites)
-    hf_token: tp.Optional[str] = None
-    wandb_key: tp.Optional[str] = None
-    # AutoModel's: the dir the tasks start in (cd before srun); null = the submitting dir (or the job's dir under
-    # hydra.job.chdir=true)
-    chdir: tp.Optional[str] = None
-    # AutoModel's CLI fills these for its own sbatch script; here every task runs the worker and the run dir keeps
-    # the script, config and logs, so they are accepted and ignored (with a warning when set)
-    command: tp.Optional[str] = None
-    job_dir: tp.Optional[str] = None
-    repo_root: tp.Optional[str] = None
-    # wrap each task in nsys profile (same switch as profile=nsys)
-    nsys_enabled: bool = False
-    # GPUs per node (--gpus-per-node); null = ntasks_per_node; 0 = request none
-    gpus_per_node: tp.Optional[int] = None
-    cpus_per_task: tp.Optional[int] = None
-    # memory per node, Slurm size string (e.g. 64G)
-    mem: tp.Optional[str] = None
-    qos: tp.Optional[str] = None
-    constraint: tp.Optional[str] = None
-    exclude: tp.Optional[str] = None
-    # shell lines run in the batch script before srun (module load, source venv, ...)
-    setup: tp.List[str] = field(default_factory=list)
-    # more #SBATCH options, {option: value} without the leading dashes (value null = a flag)
-    sbatch_args: tp.Dict[str, tp.Any] = field(default_factory=dict)
-    # more srun arguments, one list item per argument
-    srun_args: tp.List[str] = field(default_factory=list)
-    # requeue the job this many times after a time-limit or preemption signal (0 = never)
-    max_requeues: int = 3
-    # seconds before the time limit at which USR2 asks every rank to checkpoint (sbatch --signal=USR2@N)
-    signal_delay_s: int = 300
-    # sweeps: at most this many array tasks run at once (sbatch --array=...%N)
-    array_parallelism: int = 256
-    # wait for the job to finish and follow its log (single runs; sweeps wait unless detach)
-    wait: bool = False
-    # sweeps: submit every job and return at once, leaving a manifest in the sweep dir
-    detach: bool = False
-    # the code the jobs run, copied at submission into launch/code (a sweep: once, in the sweep dir) so a queued
-    # job runs what was submitted: git (the work tree's files, uncommitted changes included), copy (this dir),
-    # none (the code where it is when the job starts), auto = git in a git work tree, else copy (docs/remote.md)
-    snapshot: str = "auto"
-    # the most a snapshot may copy, in MiB (checked before anything is submitted)
-    snapshot_max_mb: float = 200.0
-
-    def __post_init__(self) -> None:
-        at_least("slurm.nodes", self.nodes)
-        at_least("slurm.ntasks_per_node", self.ntasks_per_node)
-        minutes = parse_slurm_time(self.time)
-        check_port("slurm.master_port", self.master_port)
-        require(self.master_port + PORT_SPAN - 1 <= 65535, "slurm.master_port", self.master_port,
-                 f"must leave room for the per-job offset (<= {65536 - PORT_SPAN})")
-        at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
-        at_least("slurm.cpus_per_task", self.cpus_per_task)
-        require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
-        at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
-        at_least("slurm.array_parallelism", self.array_parallelism)
-        from automodel_hydra.snapshot import MODES
-
-        require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
-        require(self.snapshot_max_mb > 0, "slurm.snapshot_max_mb", self.snapshot_max_mb, "must be > 0")
-        require(self.snapshot in ("auto", "none") or self.container_image is None, "slurm.snapshot", self.snapshot,
-                "auto or none with slurm.container_image (the image or its mounts hold the code)")
-        del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
-        self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
-                             for i, m in enumerate(self.extra_mounts)]
-        # #SBATCH values are one line each (sbatch reads one option per line); name the field, not the line
-        lines = {k: getattr(self, k) for k in ("job_name", "account", "partition", "qos", "constraint", "exclude",
-                                                   "mem")}
-        lines.update({f"sbatch_args.{k}": v for k, v in self.sbatch_args.items()})
-        for key, value in lines.items():
-            option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
-            one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
-        if self.hf_home is not None:
-            home = self.hf_home == "~" or self.hf_home.startswith("~/")
-            require(home or self.hf_home.startswith("/"), "slurm.hf_home", self.hf_home,
-                    "an absolute path, or one under ~/ (the job user's home on the nodes)")
-            require("," not in self.hf_home and ":" not in self.hf_home, "slurm.hf_home", self.hf_home,
-                    "a path without ',' or ':' (srun --container-mounts cannot express them)")
-        if self.nemo_mount is not None and self.nemo_volume is None:
-            require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
-                    "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
-
-    @property
-    def nemo_volume(self) -> VolumeMapping | None:
-        """``nemo_mount`` in AutoModel's form (host source -> container path), else None."""
-        value = self.nemo_mount
-        if isinstance(value, tp.Mapping) or (isinstance(value, str) and ":" in value):
-            return VolumeMapping.parse(dict(value) if isinstance(value, tp.Mapping) else value, "slurm.nemo_mount")
-        return None
-
-    @property
-    def time_minutes(self) -> int:
-        return parse_slurm_time(self.time)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ntasks_per_node
-
-    @property
-    def checkpoint_margin_s(self) -> int:
-        """Seconds before the time limit at which USR2 asks every rank to checkpoint: ``signal_delay_s``, or half
-        the limit when the limit is shorter than twice that (AutoModel's default ``time: "00:05:00"`` with the
-        300 s default margin would otherwise leave no time to train)."""
-        limit_s = self.time_minutes * 60
-        return self.signal_delay_s if 2 * self.signal_delay_s <= limit_s else limit_s // 2
 
 
 
@@ -352,9 +137,17 @@ class Request:
     srun_args: tuple[str, ...]
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
-    ntasks: int
     #: the code snapshot submit copies to the job's ``code_dir`` (None: none); the script's lines name it
     snapshot: Source | None = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :meth:`Slurm.preflight` read from the cluster: its MaxArraySize (``scontrol show config``)."""
+
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
+    #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
+    snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,7 +203,8 @@ def node_path(path: str) -> str:
 def _mount(source: str, dest: str, key: str) -> str:
     for path in (source, dest):
         if "," in path or ":" in path:
-            raise ValueError(f"{key}: {path!r} contains ',' or ':', which srun --container-mounts cannot express")
+            raise UserValueError(f"{key}: {path!r} contains ',' or ':', which srun --container-mounts cannot "
+                                 "express")
     return f"{source}:{dest}"
 
 
@@ -516,7 +310,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), ntasks=1 if call else sc.world_size, snapshot=source)
+                       if getattr(sc, k) is None)), snapshot=source)
 
 
 def _snapshot_lines(source: Source, code_dir: Path) -> list[str]:
@@ -585,18 +379,12 @@ def _arrays(plans: tp.Sequence[Plan[Request]], size: int) -> list[tuple[str, lis
 # ----------------------------------------------------------------------------------------------- the backend
 
 
-class Slurm(Backend[Request, SlurmRef]):
+class Slurm(Backend[Request, SlurmRef, Facts]):
     """Slurm: a job per run, a job array per sweep group."""
 
     name = "slurm"
 
-    def __init__(self) -> None:
-        self.max_array_size = DEFAULT_MAX_ARRAY_SIZE
-        #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (read by preflight)
-        self.snapshots: dict[tuple[str, float], Source | None] = {}
-        self._scripts: dict[int, Path] = {}  # id(batch) -> the script submit runs
-
-    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> None:
+    def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Facts:
         """sbatch's cluster answers (MaxArraySize read from it); container mount sources and ``${VAR}`` references
         of ``env_vars`` exist here. Raises PreflightError / ConfigError naming what is missing."""
         from automodel_hydra.config import host_problems
@@ -608,7 +396,7 @@ class Slurm(Backend[Request, SlurmRef]):
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
-            if sc.container_image is None:  # bare metal: the ranks see this host's filesystem
+            if self.ranks_see_local_files(cfg):
                 for problem in host_problems(cfg):
                     raise problem
             # (slurm.hf_home is created by the job itself: a cache dir need not exist before the first download)
@@ -623,14 +411,17 @@ class Slurm(Backend[Request, SlurmRef]):
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
-        self.max_array_size = max_array_size()
-        self.snapshots = find_snapshots(cfgs)
+        return Facts(max_array_size(), find_snapshots(cfgs))
 
-    def world_size(self, cfg: TrainConfig) -> int:
+    def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
         return cfg.slurm.world_size
 
-    def plan(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
+    def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
+        assert cfg.slurm is not None
+        return cfg.slurm.container_image is None  # bare metal: the nodes share this host's filesystem
+
+    def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
 
         Raises
@@ -640,13 +431,15 @@ class Slurm(Backend[Request, SlurmRef]):
             per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
         """
         assert cfg.slurm is not None
-        request = _plan_request(cfg, job, self.snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)))
+        snapshots = (facts or Facts()).snapshots
+        request = _plan_request(cfg, job, snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)))
         wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
         return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request,
                     # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
                     name=str(dict(request.sbatch).get("job-name", SCRIPT)))
 
-    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None) -> list[Batch[Request]]:
+    def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
+                facts: Facts | None = None) -> list[Batch[Request]]:
         """A single run is its own batch; a sweep group is one job array per MaxArraySize tasks, its script in
         ``<sweep dir>/launch/`` (``sbatch.sh``, then ``sbatch_<first job num>.sh`` past MaxArraySize)."""
         if sweep_dir is None:
@@ -656,8 +449,8 @@ class Slurm(Backend[Request, SlurmRef]):
             groups.setdefault(p.group_key, []).append(p)
         out = []
         for group in groups.values():
-            for name, chunk in _arrays(group, self.max_array_size):
-                script = Path(sweep_dir) / "launch" / name
+            for name, chunk in _arrays(group, (facts or Facts()).max_array_size):
+                script = launch_dir(sweep_dir) / name
                 files = {p.job.launch_dir / n: t for p in chunk for n, t in p.files.items()}
                 files[script] = render(chunk[0].request, [p.job.job_dir for p in chunk], array=True)
                 out.append(Batch(tuple(chunk), files))
@@ -812,17 +605,17 @@ _SBATCH_HINTS = (
 
 def _sbatch(script: Path, env_refs: tp.Sequence[str] = ()) -> str:
     """Submit ``script`` (``sbatch --parsable``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
-    job sees ``env_refs``); returns the job id. Raises RuntimeError with sbatch's own message on failure."""
+    job sees ``env_refs``); returns the job id. Raises SubmitError with sbatch's own message on failure."""
     argv = ["sbatch", "--parsable", *sbatch_export_args(os.environ, env_refs), str(script)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_submit_env())
     if proc.returncode != 0:
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
-        raise RuntimeError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
+        raise SubmitError(f"sbatch {script} failed ({proc.returncode}): {' | '.join(said[-3:])}{hint}")
     try:
         return parse_job_id(proc.stdout)
-    except ValueError as e:
-        raise RuntimeError(f"sbatch {script}: {e}") from None
+    except SubmitError as e:
+        raise SubmitError(f"sbatch {script}: {e}") from None
 
 
 def _fresh_result(sub: Submission[SlurmRef]) -> bool:

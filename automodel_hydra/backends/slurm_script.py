@@ -20,6 +20,9 @@ import re
 import shlex
 import typing as tp
 
+from automodel_hydra.plan import SubmitError
+from automodel_hydra.schema import UserValueError
+
 #: What srun needs so that every task gets the environment the batch script built (PYTHONPATH, MASTER_ADDR, ...).
 #: Under ``sbatch --export=NONE`` (or ``SBATCH_EXPORT=NONE``) sbatch sets ``SLURM_EXPORT_ENV=NONE`` in the batch
 #: environment and srun reads it as its own ``--export``, so the tasks would start with no variables at all, not
@@ -70,7 +73,7 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
 
     Raises
     ------
-    ValueError
+    UserValueError
         naming the option: a name that is not a long option, a repeated option, a value that is ``None``,
         ``False`` or empty (leave the option out instead), a newline, carriage return or NUL in a value (sbatch
         reads one option per line), or a backslash in a filename pattern (``output``/``error``/``input``, also in
@@ -80,10 +83,10 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
     seen: set[str] = set()
     for name, value in directives:
         if not isinstance(name, str) or not _OPTION.match(name):
-            raise ValueError(f"sbatch option {name!r}: not a long option name (lower case, digits and '-', e.g. "
+            raise UserValueError(f"sbatch option {name!r}: not a long option name (lower case, digits and '-', e.g. "
                              "'job-name'; no leading dashes)")
         if name in seen:
-            raise ValueError(f"sbatch option --{name} is given twice; sbatch would keep only the last one")
+            raise UserValueError(f"sbatch option --{name} is given twice; sbatch would keep only the last one")
         seen.add(name)
         lines.append(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={directive_value(name, value)}")
     _check_srun_patterns(srun_args)
@@ -93,19 +96,21 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
 
 def directive_value(name: str, value: object) -> str:
     """``value`` written for sbatch's ``#SBATCH`` parser: as is when plain, else ``"..."`` with ``\\`` and ``"``
-    escaped. Raises ValueError (naming ``--name``) for the values :func:`render_sbatch` refuses."""
+    escaped. Raises UserValueError (naming ``--name``) for the values :func:`render_sbatch` refuses.
+    """
     if value is None or value is False:
-        raise ValueError(f"sbatch option --{name}: {value!r} is not a value; leave the option out, or pass True for "
+        raise UserValueError(f"sbatch option --{name}: {value!r} is not a value; leave the option out, or pass True "
+                             "for "
                          "a bare flag")
     text = str(value)
     if text == "":
-        raise ValueError(f"sbatch option --{name}: empty value; leave the option out instead")
+        raise UserValueError(f"sbatch option --{name}: empty value; leave the option out instead")
     for bad, what in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL character")):
         if bad in text:
-            raise ValueError(f"sbatch option --{name}={text!r}: contains {what}; sbatch reads one option per line, "
+            raise UserValueError(f"sbatch option --{name}={text!r}: contains {what}; sbatch reads one option per line, "
                              "so the value cannot be written into the script")
     if name in PATTERN_OPTIONS and "\\" in text:
-        raise ValueError(_backslash_message(name, text))
+        raise UserValueError(_backslash_message(name, text))
     if _PLAIN.match(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -129,7 +134,7 @@ def _check_srun_patterns(srun_args: tp.Sequence[str]) -> None:
             else:
                 continue
             if "\\" in value:
-                raise ValueError("srun " + _backslash_message(name, value))
+                raise UserValueError("srun " + _backslash_message(name, value))
 
 
 def pattern_literal(path: object) -> str:
@@ -144,13 +149,13 @@ def parse_job_id(stdout: str) -> str:
 
     Raises
     ------
-    ValueError
+    SubmitError
         one line quoting the raw output, when it is anything else (empty, or ``Submitted batch job 123`` from an
         sbatch run without ``--parsable``).
     """
     m = _JOB_ID.match(stdout.strip())
     if m is None:
-        raise ValueError(f"sbatch --parsable printed {stdout!r}; expected a job id such as '123' or '123;cluster'")
+        raise SubmitError(f"sbatch --parsable printed {stdout!r}; expected a job id such as '123' or '123;cluster'")
     return m.group(1)
 
 
@@ -167,11 +172,11 @@ def sbatch_export_args(environ: tp.Mapping[str, str], names: tp.Sequence[str]) -
     * else ``["--export=SITE,NAMES"]``: the site's own list (``NONE`` dropped) with ``names`` added, so the site's
       choice stands for every other variable. Only names go on the command line, never values.
 
-    Raises ValueError naming a name that is not a shell variable name.
+    Raises UserValueError naming a name that is not a shell variable name.
     """
     for name in names:
         if not _NAME.match(name):
-            raise ValueError(f"--export: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            raise UserValueError(f"--export: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
     site = [t.strip() for t in environ.get("SBATCH_EXPORT", "").split(",") if t.strip()]
     if not names or not site or any(t.upper() == "ALL" for t in site):
         return []

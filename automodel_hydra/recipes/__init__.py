@@ -41,6 +41,8 @@ import inspect
 import typing as tp
 from collections.abc import Mapping
 
+from automodel_hydra.schema import UserError
+
 if tp.TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -56,7 +58,7 @@ _VALID = ("omit it (the bundled recipe), an AutoModel recipe class name (e.g. "
           "or a function module:attr / module.attr")
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError, ValueError):
     """A ``recipe:`` value that names nothing runnable. The message is one line: the value, why, what is valid."""
 
 

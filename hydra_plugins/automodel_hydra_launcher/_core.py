@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from automodel_hydra import call, driver
 from automodel_hydra import config as am_config
 from automodel_hydra.plan import JobFailedError, JobSpec
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserValueError
 
 from ._compose import SweepComposer
 from ._jobs import FastJobs
@@ -129,7 +129,7 @@ def _call_train_config(backend: str, section: dict[str, tp.Any]) -> am_config.Tr
     except ConfigError as e:
         raise ConfigError(f"hydra.launcher.{e.key}", e.value, e.valid) from None
     except driver.USER_ERRORS as e:
-        raise ValueError(f"hydra.launcher: {driver.one_line(e)}") from None
+        raise UserValueError(f"hydra.launcher: {driver.one_line(e)}") from None
 
 
 def _sweep_job_dir(sweep_config: DictConfig) -> Path:
@@ -208,6 +208,8 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
         driver.fail_launch(e)
+    except Exception as e:  # a bug: its traceback, and a line saying so
+        driver.fail_unexpected(e)
     for ret, job_config, outcome in zip(returns, configs, outcomes):
         try:
             ret.return_value = outcome.value()
@@ -269,6 +271,8 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         driver.fail(driver.one_line(e))
     except driver.LAUNCH_ERRORS as e:
         driver.fail_launch(e)
+    except Exception as e:
+        driver.fail_unexpected(e)
     return [_call_return(outcome, sweep_config, launched) for outcome, sweep_config in zip(outcomes, configs)]
 
 

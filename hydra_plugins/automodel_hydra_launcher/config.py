@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from automodel_hydra.backends.interactive import InteractiveConfig
-from automodel_hydra.backends.slurm import CALL_DEFAULTS, SlurmConfig
+from automodel_hydra.backends.interactive_config import InteractiveConfig
+from automodel_hydra.backends.slurm_config import CALL_DEFAULTS, SlurmConfig
 from automodel_hydra.config import register
 
 

@@ -1,0 +1,236 @@
+"""The ``slurm:`` section's schema (:class:`SlurmConfig`) and the Slurm defaults the config pipeline applies
+(:data:`AUTOMODEL_DEFAULTS` for an AutoModel file, :data:`CALL_DEFAULTS` for a call job).
+
+Pure: imports only :mod:`automodel_hydra.schema` and :mod:`automodel_hydra.bootstrap`'s port constants, so
+:mod:`automodel_hydra.config` (and every rank that reads a job's config) loads no backend.
+:mod:`automodel_hydra.backends.slurm` plans and submits with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import typing as tp
+from dataclasses import dataclass, field
+
+from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
+from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
+
+#: NeMo AutoModel's Slurm defaults (its SlurmConfig and sbatch template) for the keys that set the hardware or the
+#: bill, applied to an AutoModel recipe's ``slurm:`` section where the file leaves the key out, so the file asks for
+#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition, whole nodes (``--exclusive``) and
+#: no ``--gpus-per-node`` directive. The bundled recipe's defaults stay those of :class:`SlurmConfig`.
+AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch", "gpus_per_node": 0,
+                                         "sbatch_args": {"exclusive": None}}
+#: The Slurm options of a call job (a Hydra task function that is not ours, ``hydra.launcher.slurm``) where they
+#: differ from :class:`SlurmConfig`'s: one task on one node, no GPU unless asked, and ``job_name: ""`` = the Hydra
+#: job's name.
+CALL_DEFAULTS: dict[str, tp.Any] = {"job_name": "", "ntasks_per_node": 1, "gpus_per_node": 0}
+
+
+# sbatch(1), option --time: "Acceptable time formats include "minutes", "minutes:seconds", "hours:minutes:seconds",
+# "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds"."
+_SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+
+
+def parse_slurm_time(value: str | int, key: str = "slurm.time") -> int:
+    """Parse a Slurm wall-time limit into whole minutes, rounding seconds up.
+
+    Accepts every form sbatch(1) ``--time`` documents: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS``, and an integer number of minutes. ``UNLIMITED``/``INFINITE`` and ``0`` (which Slurm reads as
+    "no limit") are rejected: a launcher that checkpoints before the limit needs a finite one.
+
+    Returns
+    -------
+    int
+        Minutes, >= 1 (``"00:30:30"`` -> 31, ``"1-00:00:00"`` -> 1440, ``90`` -> 90).
+
+    Raises
+    ------
+    ConfigError
+        The value matches none of the forms, or is zero.
+    """
+    text = str(value).strip()
+    m = _SLURM_TIME.match(text)
+    valid = "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes, > 0"
+    if not m:
+        raise ConfigError(key, value, valid)
+    g = {k: int(v or 0) for k, v in m.groupdict().items()}
+    if m["days"] is not None:
+        seconds = g["days"] * 86400 + g["dh"] * 3600 + g["dm"] * 60 + g["ds"]
+    elif m["c"] is not None:  # HH:MM:SS
+        seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
+    else:  # MM or MM:SS
+        seconds = g["a"] * 60 + g["b"]
+    require(seconds > 0, key, value, valid)
+    return math.ceil(seconds / 60)
+
+
+
+@dataclass
+class VolumeMapping:
+    """A container mount ``source`` (on the host) -> ``dest`` (in the container); both absolute."""
+
+    source: str
+    dest: str
+
+    @classmethod
+    def parse(cls, item: tp.Any, key: str) -> VolumeMapping:
+        """Accept ``{source, dest}`` or ``"src:dst"``; check both are absolute (whether the source exists is a
+        question for the host that runs the job: see :meth:`Slurm.preflight`).
+
+        Raises ConfigError naming ``key`` otherwise."""
+        if isinstance(item, VolumeMapping):
+            vm = item
+        elif isinstance(item, str) and item.count(":") == 1:
+            vm = cls(*item.split(":"))
+        elif isinstance(item, tp.Mapping) and set(item) == {"source", "dest"}:
+            vm = cls(str(item["source"]), str(item["dest"]))
+        else:
+            raise ConfigError(key, item, "a mount {source: /abs/host/path, dest: /abs/container/path} or '/src:/dst'")
+        require(vm.source.startswith("/"), f"{key}.source", vm.source, "must be an absolute path")
+        require(vm.dest.startswith("/"), f"{key}.dest", vm.dest, "must be an absolute path")
+        return vm
+
+
+@dataclass
+class SlurmConfig:
+    """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
+
+    #: Fields that are shell text for the job itself: written to the script as they are, so bash expands their
+    #: ``$VAR`` where the job runs (a ``$HF_TOKEN`` in ``setup`` never becomes its value in a file). Every other
+    #: field's shell references are expanded from the submitting shell (automodel_hydra/envvars.py).
+    SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args", "hf_token", "wandb_key")
+
+    job_name: str = "llm_finetune"
+    nodes: int = 1
+    # tasks (= ranks) per node; one per GPU on GPU clusters
+    ntasks_per_node: int = 8
+    # wall-time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or integer minutes
+    time: str = "04:00:00"
+    account: tp.Optional[str] = None
+    partition: tp.Optional[str] = None
+    # Enroot/Pyxis image (srun --container-image)
+    container_image: tp.Optional[str] = None
+    # containers: a path inside the container where this project's source is mounted (put on PYTHONPATH there);
+    # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
+    # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
+    nemo_mount: tp.Any = None
+    # Hugging Face cache (AutoModel's hf_home): exported as HF_HOME on the ranks, created by the job when missing,
+    # and mounted at the same path when a container is used; "~/..." is the job user's home on the nodes. null = no
+    # HF_HOME from here (the submitting shell's, else Hugging Face's own default ~/.cache/huggingface)
+    hf_home: tp.Optional[str] = None
+    # VolumeMapping {source, dest} or "src:dst"
+    extra_mounts: tp.List[tp.Any] = field(default_factory=list)
+    # rendezvous port base; the job uses master_port + SLURM_JOB_ID % 1000 so jobs sharing a node never collide
+    master_port: int = DEFAULT_PORT
+    # variables for the job; "${VAR}" = the submitting shell's $VAR, expanded in the job, never written to a file
+    env_vars: tp.Dict[str, str] = field(default_factory=dict)
+    # AutoModel's: the job's HF_TOKEN / WANDB_API_KEY, as a reference to a variable of the submitting shell
+    # ("${HF_TOKEN}"; a token's value is never written into the script); null = the submitting shell's own
+    # HF_TOKEN / WANDB_API_KEY reach the job when set (also at SBATCH_EXPORT=NONE sites)
+    hf_token: tp.Optional[str] = None
+    wandb_key: tp.Optional[str] = None
+    # AutoModel's: the dir the tasks start in (cd before srun); null = the submitting dir (or the job's dir under
+    # hydra.job.chdir=true)
+    chdir: tp.Optional[str] = None
+    # AutoModel's CLI fills these for its own sbatch script; here every task runs the worker and the run dir keeps
+    # the script, config and logs, so they are accepted and ignored (with a warning when set)
+    command: tp.Optional[str] = None
+    job_dir: tp.Optional[str] = None
+    repo_root: tp.Optional[str] = None
+    # wrap each task in nsys profile (same switch as profile=nsys)
+    nsys_enabled: bool = False
+    # GPUs per node (--gpus-per-node); null = ntasks_per_node; 0 = request none
+    gpus_per_node: tp.Optional[int] = None
+    cpus_per_task: tp.Optional[int] = None
+    # memory per node, Slurm size string (e.g. 64G)
+    mem: tp.Optional[str] = None
+    qos: tp.Optional[str] = None
+    constraint: tp.Optional[str] = None
+    exclude: tp.Optional[str] = None
+    # shell lines run in the batch script before srun (module load, source venv, ...)
+    setup: tp.List[str] = field(default_factory=list)
+    # more #SBATCH options, {option: value} without the leading dashes (value null = a flag)
+    sbatch_args: tp.Dict[str, tp.Any] = field(default_factory=dict)
+    # more srun arguments, one list item per argument
+    srun_args: tp.List[str] = field(default_factory=list)
+    # requeue the job this many times after a time-limit or preemption signal (0 = never)
+    max_requeues: int = 3
+    # seconds before the time limit at which USR2 asks every rank to checkpoint (sbatch --signal=USR2@N)
+    signal_delay_s: int = 300
+    # sweeps: at most this many array tasks run at once (sbatch --array=...%N)
+    array_parallelism: int = 256
+    # wait for the job to finish and follow its log (single runs; sweeps wait unless detach)
+    wait: bool = False
+    # sweeps: submit every job and return at once, leaving a manifest in the sweep dir
+    detach: bool = False
+    # the code the jobs run, copied at submission into launch/code (a sweep: once, in the sweep dir) so a queued
+    # job runs what was submitted: git (the work tree's files, uncommitted changes included), copy (this dir),
+    # none (the code where it is when the job starts), auto = git in a git work tree, else copy (docs/remote.md)
+    snapshot: str = "auto"
+    # the most a snapshot may copy, in MiB (checked before anything is submitted)
+    snapshot_max_mb: float = 200.0
+
+    def __post_init__(self) -> None:
+        at_least("slurm.nodes", self.nodes)
+        at_least("slurm.ntasks_per_node", self.ntasks_per_node)
+        minutes = parse_slurm_time(self.time)
+        check_port("slurm.master_port", self.master_port)
+        require(self.master_port + PORT_SPAN - 1 <= 65535, "slurm.master_port", self.master_port,
+                 f"must leave room for the per-job offset (<= {65536 - PORT_SPAN})")
+        at_least("slurm.gpus_per_node", self.gpus_per_node, 0)
+        at_least("slurm.cpus_per_task", self.cpus_per_task)
+        require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
+        at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
+        at_least("slurm.array_parallelism", self.array_parallelism)
+        from automodel_hydra.snapshot import MODES
+
+        require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
+        require(self.snapshot_max_mb > 0, "slurm.snapshot_max_mb", self.snapshot_max_mb, "must be > 0")
+        require(self.snapshot in ("auto", "none") or self.container_image is None, "slurm.snapshot", self.snapshot,
+                "auto or none with slurm.container_image (the image or its mounts hold the code)")
+        del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
+        self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
+                             for i, m in enumerate(self.extra_mounts)]
+        # #SBATCH values are one line each (sbatch reads one option per line); name the field, not the line
+        lines = {k: getattr(self, k) for k in ("job_name", "account", "partition", "qos", "constraint", "exclude",
+                                                   "mem")}
+        lines.update({f"sbatch_args.{k}": v for k, v in self.sbatch_args.items()})
+        for key, value in lines.items():
+            option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
+            one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
+        if self.hf_home is not None:
+            home = self.hf_home == "~" or self.hf_home.startswith("~/")
+            require(home or self.hf_home.startswith("/"), "slurm.hf_home", self.hf_home,
+                    "an absolute path, or one under ~/ (the job user's home on the nodes)")
+            require("," not in self.hf_home and ":" not in self.hf_home, "slurm.hf_home", self.hf_home,
+                    "a path without ',' or ':' (srun --container-mounts cannot express them)")
+        if self.nemo_mount is not None and self.nemo_volume is None:
+            require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
+                    "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
+
+    @property
+    def nemo_volume(self) -> VolumeMapping | None:
+        """``nemo_mount`` in AutoModel's form (host source -> container path), else None."""
+        value = self.nemo_mount
+        if isinstance(value, tp.Mapping) or (isinstance(value, str) and ":" in value):
+            return VolumeMapping.parse(dict(value) if isinstance(value, tp.Mapping) else value, "slurm.nemo_mount")
+        return None
+
+    @property
+    def time_minutes(self) -> int:
+        return parse_slurm_time(self.time)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+    @property
+    def checkpoint_margin_s(self) -> int:
+        """Seconds before the time limit at which USR2 asks every rank to checkpoint: ``signal_delay_s``, or half
+        the limit when the limit is shorter than twice that (AutoModel's default ``time: "00:05:00"`` with the
+        300 s default margin would otherwise leave no time to train)."""
+        limit_s = self.time_minutes * 60
+        return self.signal_delay_s if 2 * self.signal_delay_s <= limit_s else limit_s // 2
