@@ -122,7 +122,8 @@ def run(call_file: Path) -> int:
     call_file = Path(call_file).resolve()
     with call_file.open("rb") as f:
         header = pickle.load(f)
-        sys.path[:0] = [p for p in header["sys_path"] if p not in sys.path]
+        paths = _snapshot_paths(header["sys_path"], os.environ)
+        sys.path[:0] = [p for p in dict.fromkeys(paths) if p not in sys.path]
         task_function, hydra_context, state = pickle.load(f)
         config = pickle.load(f)
     os.chdir(header["cwd"])
@@ -136,6 +137,23 @@ def run(call_file: Path) -> int:
         print(f"automodel-hydra: the task function raised:\n{text}", file=sys.stderr, flush=True)
     ok = _write_job_return(call_file.parent, ret)
     return 0 if ok else 1
+
+
+def _snapshot_paths(paths: tp.Sequence[str], environ: tp.Mapping[str, str]) -> list[str]:
+    """The submitting process's ``sys.path`` for this process: under a code snapshot (``AUTOMODEL_CODE_ROOT``, the
+    snapshot's source dir there, and ``AUTOMODEL_CODE_SRC``, its copy here: :mod:`automodel_hydra.snapshot`) an
+    entry inside the source dir becomes the same dir in the copy where the copy has it, so the app's modules are
+    unpickled from the submitted code."""
+    root, src = environ.get("AUTOMODEL_CODE_ROOT"), environ.get("AUTOMODEL_CODE_SRC")
+    if not root or not src:
+        return list(paths)
+    from automodel_hydra.snapshot import remap
+
+    out = []
+    for p in paths:
+        mapped = remap(p, root, src)
+        out.append(mapped if mapped != p and os.path.isdir(mapped) else p)
+    return out
 
 
 def main(argv: tp.Sequence[str] | None = None) -> int:

@@ -163,6 +163,8 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
     errors.release()  # composing is over: what starts from here must not inherit HYDRA_FULL_ERROR
     requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
     jobs = own_checkpoint_dirs(jobs, sweep_dir)
+    jobs = [dataclasses.replace(p, job=dataclasses.replace(p.job, code_dir=code_dir(p.job, sweep_dir)))
+            for p in jobs]
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
@@ -233,6 +235,14 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         stop = stops.as_stop(e)
         raise Stopped(_stop_summary(outcomes, impls, sweep_dir, stop), stop.exit_code) from None
     return outcomes
+
+
+def code_dir(job: JobSpec, sweep_dir: Path | None) -> Path:
+    """Where a job's code snapshot lives: ``<sweep dir>/launch/code`` for a sweep's jobs (one copy for all of
+    them), else ``<job dir>/launch/code`` (:mod:`automodel_hydra.snapshot`)."""
+    from automodel_hydra.snapshot import CODE_DIR
+
+    return (launch_dir(Path(sweep_dir).resolve()) if sweep_dir is not None else job.launch_dir) / CODE_DIR
 
 
 class Stopped(Exception):

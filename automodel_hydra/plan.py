@@ -89,6 +89,9 @@ class JobSpec:
     project_root: Path = Path(__file__).resolve().parents[1]
     #: a call job's pickled Hydra call (bytes of ``launch/call.pkl``); None for a recipe job
     call: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: where the launch's code snapshot goes (:mod:`automodel_hydra.snapshot`): ``<launch dir>/code`` of the run,
+    #: or of the sweep dir for a sweep's jobs (one snapshot shared by them); set by ``driver.launch``
+    code_dir: Path | None = None
 
     @property
     def launch_dir(self) -> Path:
@@ -193,6 +196,8 @@ class Submission(tp.Generic[RefT]):
     plan: Plan[tp.Any]
     ref: RefT
     log_path: str | None = None
+    #: the code the job runs, when the backend snapshotted it (``snapshot.Source.record``: mode, commit, dirty)
+    code: tp.Mapping[str, tp.Any] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -214,6 +219,7 @@ class Submission(tp.Generic[RefT]):
             "job_dir": str(self.plan.job.job_dir),
             "log_path": self.log_path,
             "files": [str(self.plan.job.launch_dir / n) for n in self.plan.files],
+            **({"code": dict(self.code)} if self.code is not None else {}),
             "submitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
 

@@ -178,7 +178,8 @@ def test_preflight_returns_its_facts_and_keeps_none(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: Slurm's default MaxArraySize
     for backend, cfg, facts in [(Interactive(), config.load({"output_dir": str(tmp_path)}), Devices.here()),
-                                (Slurm(), config.load({"output_dir": str(tmp_path), "slurm": {}}), Facts())]:
+                                (Slurm(), config.load({"output_dir": str(tmp_path), "slurm": {"snapshot": "none"}}),
+                                 Facts(snapshots={("none", 200.0): None}))]:
         before = dict(vars(backend))
         assert backend.preflight([cfg]) == facts
         assert vars(backend) == before

@@ -81,6 +81,7 @@ from automodel_hydra.plan import (
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.schema import ConfigError, UserValueError
+from automodel_hydra.snapshot import Source
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -136,6 +137,8 @@ class Request:
     srun_args: tuple[str, ...]
     command: str  # what each task runs; refers to "$AUTOMODEL_JOB_DIR"
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
+    #: the code snapshot submit copies to the job's ``code_dir`` (None: none); the script's lines name it
+    snapshot: Source | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +146,8 @@ class Facts:
     """What :meth:`Slurm.preflight` read from the cluster: its MaxArraySize (``scontrol show config``)."""
 
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
+    #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
+    snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +208,7 @@ def _mount(source: str, dest: str, key: str) -> str:
     return f"{source}:{dest}"
 
 
-def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
+def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) -> Request:
     sc = cfg.slurm
     assert sc is not None, "the slurm backend plans configs with a slurm: section"
     hf_home = sc.hf_home
@@ -249,6 +254,10 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
     if margin != sc.signal_delay_s and not call:
         setup.insert(4, f"# checkpoint margin {margin}s: slurm.signal_delay_s={sc.signal_delay_s}s does not fit "
                         f"twice in slurm.time={sc.time}")
+    if in_container or job.code_dir is None:
+        source = None
+    if source is not None and job.code_dir is not None:
+        setup[1:2] = _snapshot_lines(source, job.code_dir)
     if job.env:
         setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
     if cfg.automodel:
@@ -301,7 +310,24 @@ def _plan_request(cfg: TrainConfig, job: JobSpec) -> Request:
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)))
+                       if getattr(sc, k) is None)), snapshot=source)
+
+
+def _snapshot_lines(source: Source, code_dir: Path) -> list[str]:
+    """The script's lines that make every task import the snapshot at ``code_dir`` (:mod:`automodel_hydra.snapshot`):
+    its copies first on PYTHONPATH, the dir a task starts in off ``sys.path`` (PYTHONSAFEPATH), and where the copy's
+    source was (a call job maps its pickled ``sys.path`` onto the copy)."""
+    from automodel_hydra.snapshot import SRC_DIR
+
+    what = f"commit {source.commit[:12]}" if source.commit else "no commit"
+    state = {True: ", with uncommitted changes", False: ", clean", None: ""}[source.dirty]
+    head = (f"# code: the snapshot taken at submission ({what}{state} of {source.root})" if source.kind == "git"
+            else f"# code: the snapshot taken at submission (a copy of {source.root})")
+    entries = ":".join(shlex.quote(e) for e in source.pythonpath(code_dir))
+    return [head, f"export PYTHONPATH={entries}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export PYTHONSAFEPATH=1  # the dir a task starts in is not on sys.path: the snapshot's copy is",
+            f"export AUTOMODEL_CODE_ROOT={shlex.quote(str(source.root))} "
+            f"AUTOMODEL_CODE_SRC={shlex.quote(str(code_dir / SRC_DIR))}"]
 
 
 def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -> str:
@@ -386,7 +412,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
-        return Facts(max_array_size())
+        return Facts(max_array_size(), find_snapshots(cfgs))
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
@@ -406,7 +432,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
         """
         assert cfg.slurm is not None
-        request = _plan_request(cfg, job)
+        snapshots = (facts or Facts()).snapshots
+        request = _plan_request(cfg, job, snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)))
         wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
         return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request,
                     # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
@@ -442,13 +469,14 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         script = array[0] if array else batch.plans[0].job.launch_dir / SCRIPT
         root = log_root(dirs, bool(array))  # once: it compares every job dir
         (root / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
+        code = _write_snapshot(batch.plans[0])
         started = time.time()
         job_id = _sbatch(script, batch.plans[0].request.env_refs)
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
             out = root / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
-            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out)))
+            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out), code=code))
         return subs
 
     def wait(self, subs: tp.Sequence[Submission[SlurmRef]], max_poll_s: float = 30.0,
@@ -507,6 +535,41 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
 
 
 # ----------------------------------------------------------------------------------------------- side effects
+
+
+def find_snapshots(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], Source | None]:
+    """What each distinct ``slurm.snapshot`` setting of ``cfgs`` snapshots from this dir (a container job: none).
+    Raises SnapshotError (a ConfigError) naming the field: too large, not a git work tree."""
+    from automodel_hydra.snapshot import find
+
+    out: dict[tuple[str, float], Source | None] = {}
+    for cfg in cfgs:
+        sc = cfg.slurm
+        assert sc is not None
+        key = (sc.snapshot, sc.snapshot_max_mb)
+        if key not in out and sc.container_image is None:
+            out[key] = find(sc.snapshot, Path.cwd(), JobSpec.project_root, sc.snapshot_max_mb,
+                            exclude=[Path(cfg.output_dir)])
+    return out
+
+
+def _write_snapshot(plan: Plan[Request]) -> dict[str, tp.Any] | None:
+    """Copy the plan's snapshot to its code dir; its record. A sweep's code dir is written once per process: every
+    batch of the sweep (its arrays, and the launches of a sweeper that submits in several batches) shares it."""
+    from automodel_hydra.snapshot import write
+
+    source, code_dir = plan.request.snapshot, plan.job.code_dir
+    if source is None or code_dir is None:
+        return None
+    if plan.job.job_num is None or code_dir not in _SWEEP_SNAPSHOTS:
+        write(source, code_dir)
+        if plan.job.job_num is not None:
+            _SWEEP_SNAPSHOTS[code_dir] = source.record(code_dir)
+    return _SWEEP_SNAPSHOTS.get(code_dir) or source.record(code_dir)
+
+
+#: The sweep code dirs this process wrote, and their records.
+_SWEEP_SNAPSHOTS: dict[Path, dict[str, tp.Any]] = {}
 
 
 def max_array_size() -> int:

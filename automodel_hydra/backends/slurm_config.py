@@ -169,6 +169,12 @@ class SlurmConfig:
     wait: bool = False
     # sweeps: submit every job and return at once, leaving a manifest in the sweep dir
     detach: bool = False
+    # the code the jobs run, copied at submission into launch/code (a sweep: once, in the sweep dir) so a queued
+    # job runs what was submitted: git (the work tree's files, uncommitted changes included), copy (this dir),
+    # none (the code where it is when the job starts), auto = git in a git work tree, else copy (docs/remote.md)
+    snapshot: str = "auto"
+    # the most a snapshot may copy, in MiB (checked before anything is submitted)
+    snapshot_max_mb: float = 200.0
 
     def __post_init__(self) -> None:
         at_least("slurm.nodes", self.nodes)
@@ -182,6 +188,12 @@ class SlurmConfig:
         require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
         at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
         at_least("slurm.array_parallelism", self.array_parallelism)
+        from automodel_hydra.snapshot import MODES
+
+        require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
+        require(self.snapshot_max_mb > 0, "slurm.snapshot_max_mb", self.snapshot_max_mb, "must be > 0")
+        require(self.snapshot in ("auto", "none") or self.container_image is None, "slurm.snapshot", self.snapshot,
+                "auto or none with slurm.container_image (the image or its mounts hold the code)")
         del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
         self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
                              for i, m in enumerate(self.extra_mounts)]

@@ -1,0 +1,236 @@
+"""Code snapshots: the code a submission's jobs run, copied when it is submitted, so that a job that waits in the
+queue runs what was submitted, not what the checkout holds when it starts.
+
+Names and behaviour are the neighbours': NeMo-Run's ``GitArchivePackager`` (the git tree at HEAD; ``git
+archive``) and submitit's ``RsyncSnapshot`` (a directory copied into the job's folder, the job started from the
+copy). Modes (``slurm.snapshot``):
+
+* ``git``: the files of the git work tree that holds the submitting dir, as they are now: every tracked file
+  (its working-tree content, so uncommitted changes go too) and every untracked file git does not ignore
+  (``git ls-files --cached --others --exclude-standard``). That is ``git archive HEAD`` with the working tree's
+  diffs and new files applied, read in one listing. The record keeps the commit (``git rev-parse HEAD``) and
+  whether the tree differed from it (``git status --porcelain``).
+* ``copy``: the submitting dir itself, every file except hidden ones (``.git``, ``.venv`` ...) and
+  ``__pycache__``.
+* ``none``: no snapshot; the jobs import the code where it is when they start (the behaviour before snapshots).
+* ``auto`` (the default): ``git`` inside a git work tree, else ``copy``.
+
+Both modes leave out Hydra's own output dirs (a dir holding ``.hydra/`` or ``multirun.yaml``) and refuse a
+snapshot larger than ``slurm.snapshot_max_mb`` before anything is submitted (a run started from a home dir full of
+data should not copy it per submission).
+
+Where it goes: ``<launch dir>/code/`` of the run, and for a sweep of the sweep dir (one copy for all its jobs).
+Layout: ``code/src/`` is the snapshot root (the git top level, or the submitting dir); when this project's own
+package (``automodel_hydra``) lies outside it, ``code/lib/automodel_hydra/`` holds a copy of it, so the ranks
+run the launcher's code of the submission too. The ranks put the copy of the submitting dir (and of this
+project) first on ``PYTHONPATH`` with ``PYTHONSAFEPATH=1`` (Python >= 3.11: the dir a rank starts in is not put
+on ``sys.path``), and start where they always start, so relative data and checkpoint paths keep their meaning.
+
+:func:`find` reads this machine (git, the filesystem) and runs in a backend's ``preflight``; :func:`write` is the
+submit-time side effect. Planning only reads the :class:`Source` that :func:`find` returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import typing as tp
+from pathlib import Path
+
+from automodel_hydra.schema import ConfigError
+
+#: ``slurm.snapshot``'s values.
+MODES = ("auto", "git", "copy", "none")
+#: The snapshot's dir name under a launch dir, and its two parts.
+CODE_DIR = "code"
+SRC_DIR = "src"
+LIB_DIR = "lib"
+#: This project's package, copied beside a snapshot root that does not hold it.
+PACKAGE = "automodel_hydra"
+#: Dir names never copied in ``copy`` mode (besides hidden ones).
+_SKIP_DIRS = frozenset({"__pycache__"})
+
+
+class SnapshotError(ConfigError):
+    """A snapshot cannot be taken as configured (too large, not a git work tree, git missing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What a submission snapshots: ``files`` (relative to ``root``), read now; ``cwd`` is the submitting dir
+    (inside ``root``); ``project_root`` the dir that holds this project's package here. ``commit``/``dirty``:
+    git mode only (``commit`` None in a repository without commits). ``size`` in bytes."""
+
+    kind: str
+    root: Path
+    cwd: Path
+    project_root: Path
+    commit: str | None = None
+    dirty: bool | None = None
+    files: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    size: int = 0
+
+    @property
+    def project_inside(self) -> bool:
+        """Whether the snapshot root holds this project's package (then the snapshot's copy of it is used)."""
+        return self.project_root == self.root or self.root in self.project_root.parents
+
+    def pythonpath(self, code_dir: Path) -> list[str]:
+        """The ``PYTHONPATH`` entries the ranks put first, for a snapshot at ``code_dir``: the copy of the
+        submitting dir, then the copy of this project's root (or ``lib/``)."""
+        src = code_dir / SRC_DIR
+        entries = [src / self.cwd.relative_to(self.root)]
+        entries.append(src / self.project_root.relative_to(self.root) if self.project_inside else code_dir / LIB_DIR)
+        return list(dict.fromkeys(os.path.normpath(e) for e in entries))
+
+    def record(self, code_dir: Path) -> dict[str, tp.Any]:
+        """What the submission record says about the code its jobs run."""
+        return {"snapshot": self.kind, "dir": str(code_dir), "source": str(self.root), "commit": self.commit,
+                "dirty": self.dirty, "files": len(self.files), "bytes": self.size}
+
+
+def resolve_mode(mode: str, cwd: Path) -> str:
+    """``auto`` -> ``git`` when ``cwd`` is inside a git work tree, else ``copy``; other modes as they are."""
+    if mode != "auto":
+        return mode
+    return "git" if _git(cwd, "rev-parse", "--is-inside-work-tree", check=False) == "true" else "copy"
+
+
+def find(mode: str, cwd: Path, project_root: Path, max_mb: float, key: str = "slurm.snapshot",
+         exclude: tp.Iterable[Path] = ()) -> Source | None:
+    """What ``mode`` snapshots from the submitting dir ``cwd`` (None for ``none``). ``exclude``: dirs left out
+    (the run's own output dirs). Reads git and the filesystem.
+
+    Raises
+    ------
+    SnapshotError
+        naming ``key``: ``git`` outside a git work tree or without git, or a snapshot over ``max_mb`` MiB.
+    """
+    cwd, project_root = Path(cwd).resolve(), Path(project_root).resolve()
+    mode = resolve_mode(mode, cwd)
+    if mode == "none":
+        return None
+    skip = [Path(p).resolve() for p in exclude]
+    limit = int(max_mb * 2**20)
+    if mode == "git":
+        top = _git(cwd, "rev-parse", "--show-toplevel", check=False)
+        if not top:
+            raise SnapshotError(key, mode, f"a git work tree: {cwd} is not inside one (or git is not installed); "
+                                "use copy (this dir as it is) or none")
+        root = Path(top).resolve()
+        listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+        outputs = {str(d) for d in map(_output_dir_of, listed) if d is not None} - {"."}
+        files, size = [], 0
+        for rel in filter(None, listed):
+            path = root / rel
+            parents = {str(p) for p in Path(rel).parents}
+            if parents & outputs or any(s == path or s in path.parents for s in skip):
+                continue
+            if not (path.is_file() or path.is_symlink()):  # deleted in the work tree, or a submodule's dir
+                continue
+            files.append(rel)
+            size += path.lstat().st_size
+            _check_size(size, limit, key, mode, root)
+        head = _git(root, "rev-parse", "--verify", "-q", "HEAD", check=False) or None
+        dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=normal", check=False))
+        return Source("git", root, cwd, project_root, head, dirty, tuple(files), size)
+    files, size = [], 0
+    for dirpath, dirnames, filenames in os.walk(cwd):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS
+                             and (here / d) not in skip and not _is_output_dir(here / d))
+        links = [d for d in dirnames if (here / d).is_symlink()]  # os.walk lists them, does not enter them
+        for name in sorted([*filenames, *links]):
+            path = here / name
+            if name.startswith(".") or not (path.is_file() or path.is_symlink()):
+                continue
+            files.append(str(path.relative_to(cwd)))
+            size += path.lstat().st_size
+            _check_size(size, limit, key, mode, cwd)
+    return Source("copy", cwd, cwd, project_root, None, None, tuple(files), size)
+
+
+def write(source: Source, code_dir: Path) -> None:
+    """Copy ``source`` to ``code_dir`` (``src/``, and ``lib/automodel_hydra/`` when the root does not hold this
+    project), replacing an earlier snapshot there; the copy is made beside it and renamed into place, so a
+    snapshot is never half there. Raises OSError when a file cannot be read or written."""
+    code_dir = Path(code_dir)
+    tmp = code_dir.with_name(f".{code_dir.name}.{os.getpid()}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    src = tmp / SRC_DIR
+    made: set[Path] = set()
+    for rel in source.files:
+        dest = src / rel
+        if dest.parent not in made:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            made.add(dest.parent)
+        origin = source.root / rel
+        if origin.is_symlink():  # as git keeps it: the link, not what it points to
+            os.symlink(os.readlink(origin), dest)
+        else:
+            shutil.copy2(origin, dest)
+    src.mkdir(parents=True, exist_ok=True)
+    if not source.project_inside:
+        shutil.copytree(source.project_root / PACKAGE, tmp / LIB_DIR / PACKAGE,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if code_dir.exists():
+        old = code_dir.with_name(f".{code_dir.name}.{os.getpid()}.old")
+        os.replace(code_dir, old)
+        os.replace(tmp, code_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, code_dir)
+
+
+def remap(path: str, source_root: str, code_src: str) -> str:
+    """A path of the submitting machine under ``source_root`` as the same path under the snapshot's ``src/``
+    (``code_src``); any other path as it is. Used by a call job for the ``sys.path`` it was pickled against."""
+    norm = os.path.normpath(path or ".")
+    if norm == source_root or norm.startswith(source_root.rstrip("/") + "/"):
+        return os.path.normpath(os.path.join(code_src, os.path.relpath(norm, source_root)))
+    return path
+
+
+#: Files that mark a run's or a sweep's dir (Hydra's and ours): such a dir is output, never code.
+_MARKERS = ((".hydra", "config.yaml"), ("multirun.yaml",), ("launch", "sbatch.sh"), ("launch", "manifest.json"),
+            ("launch", "submission.json"))
+
+
+def _output_dir_of(rel: str) -> Path | None:
+    """The run or sweep dir a listed file marks (``R/.hydra/config.yaml`` -> ``R``), else None."""
+    parts = Path(rel).parts
+    for marker in _MARKERS:
+        if parts[-len(marker):] == marker:
+            return Path(*parts[:-len(marker)]) if len(parts) > len(marker) else Path(".")
+    return None
+
+
+def _is_output_dir(path: Path) -> bool:
+    return any(path.joinpath(*marker).is_file() for marker in _MARKERS)
+
+
+def _check_size(size: int, limit: int, key: str, mode: str, root: Path) -> None:
+    if size > limit:
+        raise SnapshotError(key, mode, f"a snapshot of at most {key}_max_mb={limit / 2**20:g} MiB; {root} has more "
+                            f"(over {size / 2**20:.0f} MiB read so far): raise {key}_max_mb, run from the dir that "
+                            "holds the code, or set none")
+
+
+def _git(cwd: Path, *args: str, check: bool = True) -> str:
+    """``git -C cwd ARGS``' stdout, stripped ('' when git fails and ``check`` is false). Raises SnapshotError
+    when ``check`` and git fails."""
+    try:
+        proc = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        if check:
+            raise SnapshotError("slurm.snapshot", "git", f"a working git ({e})") from None
+        return ""
+    if proc.returncode != 0:
+        if check:
+            raise SnapshotError("slurm.snapshot", "git", f"a readable git work tree (git {args[0]}: "
+                                f"{proc.stderr.strip().splitlines()[-1:] or proc.returncode})")
+        return ""
+    return proc.stdout if "-z" in args else proc.stdout.strip()

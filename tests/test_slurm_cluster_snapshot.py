@@ -1,0 +1,81 @@
+"""A queued sweep runs the code it was submitted with (automodel_hydra/snapshot.py), on the real test cluster:
+the jobs are held in the queue, the user's recipe is edited, then the jobs are released."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+RECIPE = '''
+VERSION = "{version}"
+
+
+def main(cfg, dist, should_stop):
+    return {{"loss": 0.0, "version": VERSION, "x": cfg.x}}
+'''
+
+JOB = """recipe: my_pkg.train:main
+x: 0
+slurm:
+  nodes: 1
+  ntasks_per_node: 1
+  gpus_per_node: 0
+  partition: debug
+  time: "00:10:00"
+  detach: true
+  sbatch_args: {hold: null}
+"""
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+                   check=True, capture_output=True)
+
+
+def test_held_sweep_runs_the_submitted_recipe_not_the_edited_one(slurm_cluster, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"  # the user's own repo: a recipe module, a job file, one commit and an uncommitted edit
+    (repo / "my_pkg").mkdir(parents=True)
+    (repo / "my_pkg" / "__init__.py").write_text("")
+    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="committed"))
+    (repo / "job.yaml").write_text(JOB)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "recipe")
+    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="submitted"))  # dirty: not committed
+    sweep = tmp_path / "S"
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # the recipe imports here, as a user's checkout would
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(repo), "--config-name", "job",
+                           "-m", "x=1,2,3", f"hydra.sweep.dir={sweep}"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = json.loads((sweep / "launch" / "manifest.json").read_text())
+    ids = [job["job_ids"][0] for job in manifest["jobs"]]
+    array = ids[0].split("_")[0]
+    try:
+        assert len(ids) == 3 and {i.split("_")[0] for i in ids} == {array}
+        state = slurm_cluster.run("squeue", "-h", "-j", array, "-o", "%T %r").stdout.split()
+        assert state[:2] == ["PENDING", "JobHeldUser"], state
+        (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="edited while queued"))
+        slurm_cluster.run("scontrol", "release", array)
+        slurm_cluster.wait_gone(array, timeout=180)
+    finally:
+        slurm_cluster.run("scancel", array, check=False)
+    results = [json.loads((sweep / str(i) / "result.json").read_text()) for i in range(3)]
+    assert [r["version"] for r in results] == ["submitted"] * 3
+    assert sorted(r["x"] for r in results) == [1, 2, 3]
+    code = {json.dumps(job.get("code"), sort_keys=True) for job in manifest["jobs"]}
+    assert len(code) == 1, "one snapshot for the whole sweep"
+    record = manifest["jobs"][0]["code"]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert record["snapshot"] == "git" and record["commit"] == head.stdout.strip() and record["dirty"] is True
+    assert record["dir"] == str(sweep / "launch" / "code") and record["files"] == 3
+    assert not [p for p in (sweep / "launch").iterdir() if p.name.startswith(".code")]
