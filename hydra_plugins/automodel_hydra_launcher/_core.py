@@ -6,7 +6,8 @@ running.
    the backend ``hydra.launcher.backend`` names (:func:`launch_calls`), never in this process.
 2. Every job is set up by the sweep fast path (``_fast.setup_jobs``) or, where it does not apply, by the exact
    path: compose its config with Hydra's ``load_sweep_config``, set ``hydra.job.id/num``, and run Hydra's own
-   ``run_job`` with the task function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log exactly as for any job,
+   ``run_job`` with the task function's ``automodel_prepare``: Hydra creates the job's dir, ``.hydra/`` and log
+   exactly as for any job,
    calls ``on_job_start`` callbacks, and ``prepare`` validates the config (it starts nothing). The job's launch
    line (``#N : overrides``) goes to the console and to that job's own log, never to another job's.
 3. If any job failed to prepare (a bad value), stop before anything is submitted, with one line naming the key.
