@@ -229,7 +229,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             log.info("%r on %s", env, dist_env.device)
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
             result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
-                                        should_stop=stop)
+                                        should_stop=stop, output_dir=cfg.output_dir)
             if result.get("stopped_early"):
                 in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals

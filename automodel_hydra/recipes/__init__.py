@@ -126,14 +126,15 @@ def resolve(spec: tp.Any) -> Recipe:
 
 
 def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
-               should_stop: tp.Callable[[], bool] = lambda: False) -> dict[str, tp.Any]:
+               should_stop: tp.Callable[[], bool] = lambda: False, output_dir: str | None = None) -> dict[str, tp.Any]:
     """Run ``recipe`` on this rank; the process group is initialised (the worker's ``init_distributed``).
 
     ``cfg`` is the job's config as the rank has it (``launch/job.yaml`` as a DictConfig, or a dict): the bundled
     recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe
     gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig. For the last two, a
     relative written dir (``checkpoint.checkpoint_dir: checkpoints/``; :data:`automodel_hydra.paths.WRITTEN_DIR_KEYS`)
-    is made absolute under the job's ``output_dir`` first, so that each job of a sweep writes its own.
+    is made absolute under the job's ``output_dir`` (the argument, else ``cfg``'s own key) first, so that each job
+    of a sweep writes its own.
 
     Returns the final metrics as a dict that always has ``stopped_early``.
 
@@ -150,8 +151,9 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
 
     plain = tp.cast(dict[str, tp.Any], OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig)
                     else dict(cfg))
-    if plain.get("output_dir"):
-        plain = anchored_sections(plain, str(plain["output_dir"]))
+    output_dir = output_dir or plain.get("output_dir")
+    if output_dir:
+        plain = anchored_sections(plain, str(output_dir))
     if recipe.kind == "automodel":
         from automodel_hydra.recipes import automodel
 
