@@ -36,7 +36,8 @@ checkpoint:
 
 
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "HYDRA_FULL_ERROR"))}
+    env = {k: v for k, v in os.environ.items()
+           if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SUBMITIT_", "HYDRA_FULL_ERROR"))}
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600)
@@ -160,3 +161,29 @@ def test_a_call_jobs_return_carries_its_launch_id(tmp_path: Path) -> None:
     assert not written_by_this_launch(job, path)
     with path.open("rb") as f:
         assert pickle.load(f) == {"run_id": "this-launch"}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_automodel_shaped_sweep_on_slurm_is_one_array_whose_tasks_own_their_checkpoint_dirs(
+        slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """The same file with a ``slurm:`` section (AutoModel's routing), swept as one job array on the real cluster:
+    each task writes ``<job dir>/checkpoints`` (sbatch starts the tasks in the submitting dir), trains its own
+    steps and is COMPLETED with its own loss, decided from the launch id its result carries."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "am.yaml").write_text(AUTOMODEL_SHAPED + "slurm:\n  job_name: am\n  nodes: 1\n"
+                                               "  ntasks_per_node: 1\n  gpus_per_node: 0\n  partition: debug\n"
+                                               "  time: '00:10:00'\n")
+    sweep = tmp_path / "S"
+    proc = train("--config-dir", str(tmp_path / "conf"), "--config-name", "am", "-m", "optimizer.lr=1e-3,3e-3",
+                 f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "#SBATCH --array=0-1" in (sweep / "launch" / "sbatch.sh").read_text()
+    assert "2 done (2 COMPLETED)" in proc.stdout, proc.stdout[-4000:]
+    assert not (tmp_path / "checkpoints").exists(), "a relative checkpoint_dir was the submitting dir's"
+    for n, lr in ((0, 1e-3), (1, 3e-3)):
+        rows = [json.loads(line) for line in (sweep / str(n) / "checkpoints" / "training.jsonl").read_text()
+                .splitlines()]
+        assert [(r["start"], r["end"]) for r in rows] == [(0, 2)], f"job {n} resumed from another's checkpoint"
+        res = result(sweep / str(n))
+        assert res["loss"] == pytest.approx(lr * 1000 / 2) and res["run_id"] == read_run_id(sweep / str(n) / "launch")
