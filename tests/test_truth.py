@@ -68,7 +68,8 @@ def test_automodel_shaped_sweep_points_each_train_in_their_own_dir_and_a_rerun_k
     assert not (tmp_path / "checkpoints").exists(), "a relative checkpoint_dir was the launching dir's"
     losses = []
     for n, lr in ((0, 1e-3), (1, 3e-3)):
-        rows = [json.loads(line) for line in (sweep / str(n) / "checkpoints" / "training.jsonl").read_text().splitlines()]
+        jsonl = sweep / str(n) / "checkpoints" / "training.jsonl"
+        rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
         assert [(r["start"], r["end"]) for r in rows] == [(0, 2)], f"job {n} resumed from another's checkpoint"
         res = result(sweep / str(n))
         assert res["loss"] == pytest.approx(lr * 1000 / 2) and res["run_id"] == read_run_id(sweep / str(n) / "launch")
