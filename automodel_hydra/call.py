@@ -16,8 +16,10 @@ it), and ``cwd``, its working dir (relative sweep dirs, ``get_original_cwd``); i
 in place before anything of the app is unpickled. Then the shared part (task function, Hydra context, Hydra's
 global state; the same bytes for every job of a launch), then the job's config. The JobReturn comes back as
 ``call_result.pkl`` when the task function returned, as ``call_error.pkl`` when it raised (written atomically; a
-return value or exception that cannot be pickled is replaced by a RuntimeError saying so). Exit status: 0 when the
-task function returned, 1 when it raised, so the scheduler's state says FAILED too.
+return value or exception that cannot be pickled is replaced by a RuntimeError saying so); like ``call.pkl`` it
+starts with a plain pickled header, ``{"run_id": <launch/run_id>}``, so the launcher tells this launch's JobReturn
+from an earlier one's without comparing clocks (:func:`automodel_hydra.plan.written_by_this_launch`). Exit
+status: 0 when the task function returned, 1 when it raised, so the scheduler's state says FAILED too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import traceback
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.plan import CALL_ERROR_FILE, CALL_RESULT_FILE
+from automodel_hydra.plan import CALL_ERROR_FILE, CALL_RESULT_FILE, read_run_id
 
 log = logging.getLogger("automodel_hydra.call")
 
@@ -60,6 +62,7 @@ def read_job_return(path: Path) -> tp.Any:
     """The JobReturn a call job's process wrote (``launch/call_result.pkl``). Raises OSError or
     pickle.UnpicklingError when it cannot be read."""
     with Path(path).open("rb") as f:
+        pickle.load(f)  # the header: {"run_id": ...}
         return pickle.load(f)
 
 
@@ -89,7 +92,7 @@ def _write_job_return(launch_dir: Path, ret: tp.Any) -> bool:
     ok = ret.status == JobStatus.COMPLETED
     path = launch_dir / (CALL_RESULT_FILE if ok else CALL_ERROR_FILE)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_bytes(data)
+    tmp.write_bytes(pickle.dumps({"run_id": read_run_id(launch_dir)}) + data)
     os.replace(tmp, path)
     return ok
 

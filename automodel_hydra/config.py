@@ -140,7 +140,7 @@ class OptimConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
-    # where step-N checkpoints go; null = <output_dir>/checkpoints
+    # where step-N checkpoints go; null = <output_dir>/checkpoints; a relative dir is under output_dir (the job's own)
     dir: tp.Optional[str] = None
     # torch.distributed.checkpoint.async_save: training continues while the checkpoint is written
     async_save: bool = False
@@ -247,7 +247,8 @@ class TrainConfig:
 
     @property
     def checkpoint_dir(self) -> str:
-        return self.checkpoint.dir or str(Path(self.output_dir) / "checkpoints")
+        """``checkpoint.dir``, a relative one under ``output_dir`` (automodel_hydra.paths has the rule)."""
+        return str(Path(self.output_dir) / (self.checkpoint.dir or "checkpoints"))
 
     @property
     def bundled(self) -> bool:
@@ -583,6 +584,13 @@ def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     if path not in (None, "latest") and not Path(path).is_dir():
         problems.append(ConfigError("restore_from.path", path,
                                     "'latest', null, or an existing checkpoint directory (a step-N dir)"))
+    elif path not in (None, "latest") and cfg.checkpoint.enabled and not (Path(path) / ".metadata").is_file():
+        # what the recipe would find only after the ranks started (checkpoint.py: a DCP dir has .metadata)
+        steps = sorted((int(p.name[5:]), p) for p in Path(path).glob("step-*")
+                       if p.name[5:].isdigit() and (p / ".metadata").is_file())
+        hint = f" (this dir holds checkpoints: e.g. {steps[-1][1]})" if steps else ""
+        problems.append(ConfigError("restore_from.path", path, "it holds no checkpoint (no .metadata); valid: "
+                                    f"'latest', null, or a step-N checkpoint dir{hint}"))
     return problems
 
 

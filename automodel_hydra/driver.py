@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, errors, profile, stops, yaml11
+from automodel_hydra import backends, config, errors, paths, profile, stops, yaml11
 from automodel_hydra.plan import (
     MANIFEST_FILE,
     Backend,
@@ -41,9 +41,11 @@ from automodel_hydra.plan import (
     Submission,
     SubmitError,
     launch_dir,
+    new_run_id,
     render_files,
     stop_line,
     write_record,
+    write_run_id,
 )
 from automodel_hydra.schema import ConfigError, UserError
 from automodel_hydra.states import JobState
@@ -93,6 +95,9 @@ class Outcome:
     def value(self) -> tp.Any:
         """The job's final loss for Hydra's sweeper (None when not waited for). Raises JobFailedError otherwise."""
         if self.result is None or self.sub is None:
+            if self.result is not None and self.result.ok:  # nothing left to do: the earlier result, kept
+                value = self.result.value
+                return value.get("loss") if isinstance(value, dict) else value
             return None if self.sub is None else {"job_ids": self.sub.ids, "job_dir": str(self.prepared.job.job_dir)}
         if self.result.state is JobState.CANCELLED:  # someone stopped it: a stop line, not an error
             how = f": {self.result.stop}" if self.result.stop else ""
@@ -154,15 +159,16 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
     """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
 
     Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
-    its dir not held by an unfinished job, the checkpoint it resumes from not past its last step) before any file
-    is written or anything submitted; a dry run stops after writing. Sweep jobs that would share one checkpoint
-    dir get a subdir each (:func:`own_checkpoint_dirs`). Raises ConfigError / PreflightError (one line) for what
-    can be fixed before submitting. ``results_needed``: why the caller needs every job's result (a sweeper that
-    chooses its next jobs from them); then a job that would not be waited for is refused, ConfigError naming the
-    setting (``slurm.detach``), before anything is written."""
+    its dir not held by an unfinished job, the checkpoint it resumes from not past its last step, no dir it writes
+    shared with another job of the sweep: :func:`refuse_shared_paths`) before any file is written or anything
+    submitted; a dry run stops after writing. A job with nothing left to do (:func:`kept_result`) is not started:
+    its earlier result is its outcome. Each submitted job gets a fresh launch id in ``launch/run_id``, which its
+    result echoes (:func:`automodel_hydra.plan.written_by_this_launch`). Raises ConfigError / PreflightError (one
+    line) for what can be fixed before submitting. ``results_needed``: why the caller needs every job's result (a
+    sweeper that chooses its next jobs from them); then a job that would not be waited for is refused, ConfigError
+    naming the setting (``slurm.detach``), before anything is written."""
     errors.release()  # composing is over: what starts from here must not inherit HYDRA_FULL_ERROR
-    requested = {p.job.job_dir: str(checkpoint_path(p)) for p in jobs}
-    jobs = own_checkpoint_dirs(jobs, sweep_dir)
+    refuse_shared_paths(jobs, sweep_dir)
     jobs = [dataclasses.replace(p, job=dataclasses.replace(p.job, code_dir=code_dir(p.job, sweep_dir)))
             for p in jobs]
     by_backend: dict[str, list[int]] = {}
@@ -185,17 +191,31 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
             key, waits = impl.wait_setting or (name, True)
             raise ConfigError(key, not waits, f"{str(waits).lower()}: {results_needed}")
     refuse_if_busy([p.job for p in jobs])
-    for p in jobs:
-        refuse_finished_resume(p, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
+    kept: dict[int, JobResult] = {}
+    for i, p in enumerate(jobs):
+        here = impls[p.cfg.backend].ranks_see_local_files(p.cfg)
+        refuse_finished_resume(p, here)
+        earlier = kept_result(p, here)
+        if earlier is not None:
+            kept[i] = earlier
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
                                            p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
         if warning:
             log.warning(warning)
     dry = all(p.dry_run for p in jobs)
-    outcomes = [Outcome(p) for p in jobs]
+    outcomes = [Outcome(p, result=kept.get(i)) for i, p in enumerate(jobs)]
+    if not dry:  # a job with nothing left to do is not started, and nothing of its dir is rewritten
+        for i, o in enumerate(outcomes):
+            if o.result is not None:
+                print(kept_line(jobs[i], o.result), flush=True)
+        by_backend = {name: [i for i in idx if i not in kept] for name, idx in by_backend.items()}
+        by_backend = {name: idx for name, idx in by_backend.items() if idx}
+        jobs_left = [p for i, p in enumerate(jobs) if i not in kept]
+    else:
+        jobs_left = list(jobs)
     batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name]), idx)
                for name, idx in by_backend.items()]
-    for p in jobs:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
+    for p in jobs_left:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
         if p.job.call is not None:
             p.job.call_file.write_bytes(p.job.call)
@@ -215,6 +235,8 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         where = sweep_dir or jobs[0].job.job_dir
         print(f"dry run: wrote {where}; nothing was submitted or started", flush=True)
         return outcomes
+    for p in jobs_left:  # this launch's id, which the job's result echoes (never a clock: plan.RUN_ID_FILE)
+        write_run_id(p.job, new_run_id())
     subs: dict[Path, Submission[tp.Any]] = {}
     for name, groups, _ in batches:
         for batch in groups:
@@ -223,11 +245,11 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                 write_record(sub)
                 _announce(sub)
     for o in outcomes:
-        o.sub = subs[o.prepared.job.job_dir]
-    if sweep_dir is not None:
+        o.sub = subs.get(o.prepared.job.job_dir)
+    if sweep_dir is not None and subs:
         write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None],
                        {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
-                                             "checkpoint_dir_requested": requested[p.job.job_dir]} for p in jobs})
+                                             "paths": {k: str(v) for k, v in written(p)}} for p in jobs})
     try:
         with stops.stop_signals():
             _wait(outcomes, impls)
@@ -342,59 +364,33 @@ _STEP_DIR = re.compile(r"step-(\d+)")
 
 def checkpoint_path(p: Prepared) -> Path:
     """Where the job's ranks checkpoint, as an absolute path on this machine: ``checkpoint.dir`` (a relative one
-    is relative to where the ranks start: the job dir under ``hydra.job.chdir=true``, else this dir), or
-    ``<job dir>/checkpoints``."""
-    path = Path(p.cfg.checkpoint_dir)
-    if not path.is_absolute():
-        path = (p.job.workdir or Path.cwd()) / path
-    return Path(os.path.normpath(path))
+    is under the job dir: :mod:`automodel_hydra.paths`), or ``<job dir>/checkpoints``."""
+    return Path(os.path.normpath(Path(p.job.job_dir) / (p.cfg.checkpoint.dir or "checkpoints")))
 
 
-def own_checkpoint_dirs(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> list[Prepared]:
-    """``jobs`` with every sweep job of the bundled recipe that would share its checkpoint dir with another job of
-    the sweep (in this launch, or one an earlier launch of the same sweep recorded in ``launch/manifest.json``)
-    moved to a subdir of it named like the job's own sweep subdir (``checkpoint.dir=/ckpt`` -> ``/ckpt/0``,
-    ``/ckpt/1``, ...), so that no job resumes from another's checkpoint. Logs one line per shared dir. Single runs
-    and jobs whose checkpoint dir is their own (inside the job dir, or distinct) are returned unchanged."""
-    sweep = [p for p in jobs if p.job.job_num is not None and p.cfg.bundled and p.cfg.checkpoint.dir]
+def written(p: Prepared) -> list[tuple[str, Path]]:
+    """The dirs the job writes (:func:`automodel_hydra.paths.written_dirs`); a SkyPilot job's recipe dirs are on
+    its own nodes or in its own bucket prefix, so only its job dir counts here."""
+    found = paths.written_dirs(p.cfg, p.job.job_dir)
+    return found[:1] if p.cfg.skypilot is not None else found
+
+
+def refuse_shared_paths(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> None:
+    """Refuse a sweep in which two jobs would write one dir — in this launch, or against the other jobs an earlier
+    launch of the same sweep recorded in ``launch/manifest.json`` (a sweeper that launches in batches,
+    ``hydra.sweeper.max_batch_size``) — before anything is written or submitted
+    (:func:`automodel_hydra.paths.refuse_shared`). Single runs are not checked. Raises ConfigError (one line)."""
+    sweep = [p for p in jobs if p.job.job_num is not None]
     if not sweep:
-        return list(jobs)
-    earlier: dict[str, str] = {}  # requested checkpoint dir -> the job dir of an earlier launch that asked for it
+        return
+    earlier: dict[str, dict[str, str]] = {}
     if sweep_dir is not None:
         try:
             records = json.loads((launch_dir(sweep_dir) / MANIFEST_FILE).read_text())["jobs"]
-            earlier = {r["checkpoint_dir_requested"]: r["job_dir"] for r in records if "checkpoint_dir_requested" in r}
+            earlier = {r["job_dir"]: r["paths"] for r in records if isinstance(r.get("paths"), dict)}
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    users: dict[Path, list[Prepared]] = {}
-    for p in sweep:
-        path = checkpoint_path(p)
-        if p.job.job_dir not in (path, *path.parents):
-            users.setdefault(path, []).append(p)
-    moved: dict[Path, Prepared] = {}
-    for path, group in users.items():
-        others = earlier.get(str(path))
-        if len(group) < 2 and (others is None or others == str(group[0].job.job_dir)):
-            continue
-        for p in group:
-            sub = _sweep_subdir(p.job, sweep_dir)
-            new = str(Path(tp.cast(str, p.cfg.checkpoint.dir)) / sub)
-            moved[p.job.job_dir] = dataclasses.replace(
-                p, cfg=dataclasses.replace(p.cfg, checkpoint=dataclasses.replace(p.cfg.checkpoint, dir=new)))
-        log.info(f"sweep jobs {', '.join(str(p.job.job_num) for p in group)} would share checkpoint.dir={path}: "
-                 f"each checkpoints in its own subdir instead ({path}/<sweep subdir>, e.g. "
-                 f"{checkpoint_path(moved[group[0].job.job_dir])})")
-    return [moved.get(p.job.job_dir, p) for p in jobs]
-
-
-def _sweep_subdir(job: JobSpec, sweep_dir: Path | None) -> str:
-    """The job's dir relative to the sweep dir (Hydra's ``hydra.sweep.subdir``), else its job number."""
-    if sweep_dir is not None:
-        try:
-            return str(job.job_dir.relative_to(Path(sweep_dir).resolve()))
-        except ValueError:
-            pass
-    return str(job.job_num)
+    paths.refuse_shared([(p.job.job_num, p.job.job_dir, written(p)) for p in sweep], earlier)
 
 
 def resume_step(p: Prepared) -> tuple[int, Path] | None:
@@ -417,6 +413,33 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
             target = (p.job.workdir or Path.cwd()) / target
     m = _STEP_DIR.fullmatch(target.name) if target is not None else None
     return (int(m.group(1)), tp.cast(Path, target)) if m else None
+
+
+def kept_result(p: Prepared, here: bool) -> JobResult | None:
+    """The earlier result of a job with nothing left to do, else None: a job of the bundled recipe, checked where
+    the ranks see this machine's files (``here``), that would resume from a checkpoint at its
+    ``step_scheduler.max_steps`` while its ``result.json`` holds the loss of that same step. Starting it would
+    train no step; its outcome is the earlier result (COMPLETED), kept as it is. Where this cannot be known here
+    (another recipe, a container, SkyPilot) the rank keeps it instead (:func:`automodel_hydra.worker.write_result`)."""
+    if not p.cfg.bundled or not here or p.job.call is not None:
+        return None
+    found = resume_step(p)
+    if found is None or found[0] != p.cfg.step_scheduler.max_steps:
+        return None
+    try:
+        earlier = json.loads(p.job.result_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(earlier, dict) or earlier.get("step") != found[0] or earlier.get("loss") is None:
+        return None
+    return JobResult(JobState.COMPLETED, earlier)
+
+
+def kept_line(p: Prepared, result: JobResult) -> str:
+    """The one line for a job that was not started (:func:`kept_result`)."""
+    step = result.value.get("step") if isinstance(result.value, dict) else None
+    return (f"{p.job.job_dir}: already at step {step} (step_scheduler.max_steps): the earlier result is kept "
+            f"({p.job.result_file}); nothing was started (raise step_scheduler.max_steps to train on)")
 
 
 def refuse_finished_resume(p: Prepared, here: bool) -> None:

@@ -26,7 +26,10 @@ import abc
 import dataclasses
 import datetime
 import json
+import os
+import pickle
 import typing as tp
+import uuid
 from pathlib import Path
 
 from automodel_hydra.schema import UserError
@@ -57,6 +60,10 @@ MANIFEST_FILE = "manifest.json"
 CALL_FILE = "call.pkl"
 CALL_RESULT_FILE = "call_result.pkl"
 CALL_ERROR_FILE = "call_error.pkl"
+#: ``launch/run_id``: the id of the launch that last submitted the job, written by the driver just before it
+#: submits; the job echoes it in what it writes back (``result.json``'s ``run_id``, a call result's header), so
+#: that whether the job completed *this* launch is read from what the job wrote, never from two machines' clocks.
+RUN_ID_FILE = "run_id"
 
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
@@ -142,6 +149,11 @@ class JobSpec:
         """What a cancel of a local job leaves (``launch/cancelled``)."""
         return self.launch_dir / CANCELLED_MARK
 
+    @property
+    def run_id_file(self) -> Path:
+        """``launch/run_id`` (:data:`RUN_ID_FILE`)."""
+        return self.launch_dir / RUN_ID_FILE
+
 
 def worker_argv(job: JobSpec, python: str = "python") -> list[str]:
     """The command every rank runs: ``python -u -m automodel_hydra.worker <job.yaml> --log-file <log>``."""
@@ -198,6 +210,9 @@ class Submission(tp.Generic[RefT]):
     log_path: str | None = None
     #: the code the job runs, when the backend snapshotted it (``snapshot.Source.record``: mode, commit, dirty)
     code: tp.Mapping[str, tp.Any] | None = None
+    #: the job's rank error files before it was submitted (:func:`error_stamps`), so that
+    #: :func:`rank_error` quotes only this launch's; not part of the record
+    error_stamps: tp.Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -218,6 +233,7 @@ class Submission(tp.Generic[RefT]):
             "overrides": list(self.plan.job.overrides),
             "job_dir": str(self.plan.job.job_dir),
             "log_path": self.log_path,
+            "run_id": read_run_id(self.plan.job.launch_dir),
             "files": [str(self.plan.job.launch_dir / n) for n in self.plan.files],
             **({"code": dict(self.code)} if self.code is not None else {}),
             "submitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -338,6 +354,50 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         """The typed reference saved in a submission record."""
 
 
+def new_run_id() -> str:
+    """A fresh launch id: 16 hex digits, random (uuid4), never derived from a clock."""
+    return uuid.uuid4().hex[:16]
+
+
+def write_run_id(job: JobSpec, run_id: str) -> None:
+    """Write ``launch/run_id`` atomically (every rank of every attempt of this launch reads the same id)."""
+    job.launch_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job.run_id_file.with_name(f".{RUN_ID_FILE}.{os.getpid()}")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, job.run_id_file)
+
+
+def read_run_id(launch_dir: Path) -> str | None:
+    """The launch id in ``launch_dir/run_id``; None when there is none (a job started by hand, a SkyPilot node)."""
+    try:
+        return (Path(launch_dir) / RUN_ID_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def result_run_id(path: Path) -> str | None:
+    """The launch id a job wrote into its result: ``result.json``'s ``run_id``, or the header of a call job's
+    pickled JobReturn (``call_result.pkl``/``call_error.pkl``: a dict pickled before the JobReturn). None when
+    the file is missing, unreadable or carries none (written before launches had ids)."""
+    try:
+        if path.suffix == ".json":
+            value = json.loads(path.read_text())
+            return str(value["run_id"]) if isinstance(value, dict) and value.get("run_id") else None
+        with path.open("rb") as f:
+            header = pickle.load(f)
+        return str(header["run_id"]) if isinstance(header, dict) and header.get("run_id") else None
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+
+
+def written_by_this_launch(job: JobSpec, path: Path | None = None) -> bool:
+    """Whether ``path`` (default: the job's result file) was written by the job's current launch: it carries the
+    launch id in ``launch/run_id``. A leftover of an earlier launch carries another id, so it is never taken for
+    this one's, whatever its mtime and whatever the clocks of this host and the file server say."""
+    expected = read_run_id(job.launch_dir)
+    return expected is not None and result_run_id(path or job.result_file) == expected
+
+
 def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
     """Rank 0's final metrics (``result.json``), or None when the job has not completed. For a call job:
     ``{"call_result": <path of launch/call_result.pkl>}`` once its process wrote it (the JobReturn inside is
@@ -356,22 +416,43 @@ def read_result(job: JobSpec) -> dict[str, tp.Any] | None:
 TORCHRUN_LOG_DIR = "torchrun"
 
 
-def rank_error(job: JobSpec, since: float = 0.0) -> str | None:
-    """The lowest failed rank's exception, ``"rank N: Type: message"`` (its first line, at most 500 characters),
-    or None when no rank recorded one at or after ``since`` (epoch s).
-
-    Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
-    ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
-    attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
-    found: list[tuple[int, int, str]] = []
+def _error_files(job: JobSpec) -> list[tuple[int, Path, str]]:
+    """``(restart attempt, path, rank)`` of every rank error file the job's dir holds."""
     candidates = [(0, path, path.name.removeprefix("error.rank").removesuffix(".json"))
                   for path in job.launch_dir.glob("error.rank*.json")]
     for path in job.launch_dir.glob(f"{TORCHRUN_LOG_DIR}/*/attempt_*/*/error.json"):
         n = path.parent.parent.name.removeprefix("attempt_")
         candidates.append((int(n) if n.isdigit() else 0, path, path.parent.name))
-    for attempt, path, rank in candidates:
+    return candidates
+
+
+def error_stamps(job: JobSpec) -> dict[str, tuple[int, int]]:
+    """What the job's rank error files are before a launch: path -> (mtime in ns, size), both as the file server
+    reports them. :func:`rank_error` skips a file whose stamp is unchanged: one written by an earlier launch.
+    Comparing a file's stamp with its own earlier stamp needs no clock of this host."""
+    stamps = {}
+    for _, path, _ in _error_files(job):
         try:
-            if not rank.isdigit() or path.stat().st_mtime < since - 1:
+            st = path.stat()
+        except OSError:
+            continue
+        stamps[str(path)] = (st.st_mtime_ns, st.st_size)
+    return stamps
+
+
+def rank_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = None) -> str | None:
+    """The lowest failed rank's exception, ``"rank N: Type: message"`` (its first line, at most 500 characters),
+    or None when no rank recorded one since ``before`` (:func:`error_stamps` taken before the launch; a file
+    with the same stamp is an earlier launch's; None: every file counts).
+
+    Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
+    ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
+    attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
+    found: list[tuple[int, int, str]] = []
+    for attempt, path, rank in _error_files(job):
+        try:
+            st = path.stat()
+            if not rank.isdigit() or (before or {}).get(str(path)) == (st.st_mtime_ns, st.st_size):
                 continue
             message = json.loads(path.read_text())["message"]
             text = str(message["message"] if isinstance(message, dict) else message)

@@ -22,7 +22,8 @@ def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_va
     ``torch.cuda.profiler.start/stop`` around steps ``start_step..stop_step``."""
     if not nsys.enabled:
         return []
-    out = Path(nsys.output_dir or output_dir) / f"{job_name}_%h_rank%q{{{rank_var}}}"
+    # a relative profile.nsys.output_dir is under the job's output dir (automodel_hydra.paths has the rule)
+    out = Path(output_dir) / (nsys.output_dir or "") / f"{job_name}_%h_rank%q{{{rank_var}}}"
     argv = ["nsys", "profile", f"--trace={nsys.trace}", "--capture-range=cudaProfilerApi",
             "--capture-range-end=stop", "--force-overwrite=true", f"--output={out}"]
     if nsys.delay_s is not None:

@@ -229,7 +229,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             log.info("%r on %s", env, dist_env.device)
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
             result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
-                                        should_stop=stop)
+                                        should_stop=stop, output_dir=cfg.output_dir)
             if result.get("stopped_early"):
                 in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals
@@ -261,7 +261,9 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             wait_for_sigterm(stop)
         raise SystemExit(EXIT_STOPPED)
     if env.rank == 0:
-        write_result(Path(cfg.output_dir) / RESULT_FILE, result)
+        from automodel_hydra.plan import read_run_id
+
+        result = write_result(Path(cfg.output_dir) / RESULT_FILE, result, read_run_id(Path(job_file).parent))
     return result
 
 
@@ -305,11 +307,28 @@ def error_file(launch_dir: Path, rank: int) -> Path:
     return launch_dir / f"{RANK_ERROR_PREFIX}{rank}.json"
 
 
-def write_result(path: Path, result: dict[str, tp.Any]) -> None:
-    """Rank 0's final metrics, written atomically: its presence means the job completed."""
+def write_result(path: Path, result: dict[str, tp.Any], run_id: str | None = None) -> dict[str, tp.Any]:
+    """Rank 0's final metrics, written atomically with the launch's id (``run_id``, from ``launch/run_id``; the
+    launcher takes the file for this launch's only when the ids agree). Returns what was written.
+
+    A run with nothing left to do — its result has no ``loss``, at the ``step`` of an earlier result that has one
+    (a rerun of a finished run, a Slurm requeue after the last step, a recipe that resumed at its end) — keeps the
+    earlier result (re-stamped with this launch's id) and says so in one line, instead of replacing it with
+    ``loss: null``."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if (result.get("loss") is None and result.get("step") is not None and isinstance(earlier, dict)
+            and earlier.get("step") == result.get("step") and earlier.get("loss") is not None):
+        log.warning("already at step %s: nothing left to train; the earlier result is kept (%s)",
+                    result["step"], path)
+        result = {k: v for k, v in earlier.items() if k != "run_id"}
+    out = {**result, "run_id": run_id} if run_id else dict(result)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(out, indent=2, default=str) + "\n")
     os.replace(tmp, path)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

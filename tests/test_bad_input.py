@@ -88,6 +88,17 @@ def _cases() -> list[Case]:
     cases += [
         Case("checkpoint.restore_from-nowhere", ("checkpoint.restore_from=@RUN@/checkpoints/step-99",),
              "restore_from", expect="step-99"),
+        # found before any rank starts (not at the first save, after the training steps)
+        Case("checkpoint.dir-unwritable", ("checkpoint.dir=/proc/automodel-hydra-ckpt",), "checkpoint.dir",
+             expect="could not write there: /proc is not writable"),
+        Case("checkpoint.dir-under-a-file", ("checkpoint.dir=@RUN@/sentinel.txt/ckpt",), "checkpoint.dir",
+             expect="sentinel.txt is not a directory"),
+        Case("slurm:checkpoint.dir-in-job-dir-under-a-file", ("launcher=slurm", "checkpoint.dir=sentinel.txt/ckpt"),
+             "checkpoint.dir", expect="sentinel.txt is not a directory"),
+        Case("restore_from-holds-no-checkpoint", ("restore_from.path=@RUN@/launch",), "restore_from.path",
+             expect="it holds no checkpoint (no .metadata)"),
+        Case("restore_from-the-checkpoint-dir", ("restore_from.path=@RUN@/checkpoints",), "restore_from.path",
+             expect="/checkpoints/step-5)"),
         # a bare variable name is a literal: accepted, with a warning that shows the reference syntax
         Case("slurm-HF_TOKEN-bare", ("launcher=slurm", "++slurm.env_vars.HF_TOKEN=HF_TOKEN"),
              "slurm.env_vars.HF_TOKEN", ok=True, expect="${HF_TOKEN}"),

@@ -237,8 +237,9 @@ def _job(job_dir: Path, num: int | None, overrides: list[str], *, completed: boo
               "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(when or time.time()))}
     (job_dir / "launch" / "submission.json").write_text(json.dumps(record))
     (job_dir / "train.log").write_text(f"log of job {num}\nstep 2/2  loss 1.0\n")
-    if completed:
-        (job_dir / "result.json").write_text(json.dumps({"step": 2, "loss": 1.0}))
+    (job_dir / "launch" / "run_id").write_text("r1\n")
+    if completed:  # as rank 0 writes it: with the launch id of launch/run_id
+        (job_dir / "result.json").write_text(json.dumps({"step": 2, "loss": 1.0, "run_id": "r1"}))
     (job_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     if when:
         os.utime(job_dir / "launch" / "submission.json", (when, when))

@@ -12,9 +12,10 @@ from tests.helpers import train_py
 
 
 def _files(run: Path) -> dict[str, bytes]:
-    """Every file planning wrote (the records a submission adds are not planning's)."""
+    """Every file planning wrote (the records a submission adds are not planning's: its launch id included)."""
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.parent.name == "launch" and p.name not in ("submission.json", "manifest.json")}
+            if p.is_file() and p.parent.name == "launch"
+            and p.name not in ("submission.json", "manifest.json", "run_id")}
 
 
 @pytest.mark.slow

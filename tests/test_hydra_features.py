@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from automodel_hydra import config, driver
 from automodel_hydra.plan import JobSpec
+from automodel_hydra.schema import ConfigError
 from tests.helpers import ROOT, metrics
 
 ONE = ["interactive.nproc_per_node=1"]
@@ -73,55 +73,64 @@ def _prepared(job_dir: Path, num: int | None, ckpt: str | None, workdir: Path | 
     return driver.Prepared(cfg, JobSpec(job_dir=job_dir, job_name="train", job_num=num, workdir=workdir), False)
 
 
-def test_sweep_jobs_that_name_one_checkpoint_dir_get_a_subdir_each(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_sweep_jobs_that_name_one_absolute_checkpoint_dir_are_refused(tmp_path: Path) -> None:
     sweep, shared = tmp_path / "S", tmp_path / "shared"
     jobs = [_prepared(sweep / str(n), n, str(shared)) for n in (0, 1)]
-    with caplog.at_level(logging.INFO, logger="automodel_hydra.driver"):
-        out = driver.own_checkpoint_dirs(jobs, sweep)
-    assert [p.cfg.checkpoint_dir for p in out] == [str(shared / "0"), str(shared / "1")]
-    lines = [r.getMessage() for r in caplog.records if "would share" in r.getMessage()]
-    assert len(lines) == 1 and "jobs 0, 1" in lines[0] and str(shared) in lines[0]
+    with pytest.raises(ConfigError) as e:
+        driver.refuse_shared_paths(jobs, sweep)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"checkpoint.dir='{shared}'") and "job 0 and job 1" in line
+    # one job dir for two jobs (a hydra.sweep.subdir without the job's number): results, metrics, logs shared
+    same = [_prepared(sweep / "x", n, None) for n in (0, 1)]
+    with pytest.raises(ConfigError, match=r"^output_dir=.*hydra.sweep.subdir must name the job"):
+        driver.refuse_shared_paths(same, sweep)
 
 
-def test_checkpoint_dirs_of_their_own_are_left_alone(tmp_path: Path) -> None:
+def test_checkpoint_dirs_of_their_own_pass_and_a_relative_one_is_under_each_job_dir(tmp_path: Path) -> None:
     sweep = tmp_path / "S"
     distinct = [_prepared(sweep / str(n), n, str(tmp_path / f"ckpt{n}")) for n in (0, 1)]
     chdir = [_prepared(sweep / str(n), n, "ckpt", workdir=sweep / str(n)) for n in (0, 1)]  # hydra.job.chdir=true
+    here = [_prepared(sweep / str(n), n, "ckpt") for n in (0, 1)]  # relative, no chdir: still each job's own
     single = [_prepared(tmp_path / "R", None, str(tmp_path / "shared"))]
-    for jobs in (distinct, chdir, single):
-        assert driver.own_checkpoint_dirs(jobs, sweep if jobs is not single else None) == jobs
-    # a relative dir without chdir is relative to the launching dir, the same for every job
-    here = [_prepared(sweep / str(n), n, "ckpt") for n in (0, 1)]
-    assert [p.cfg.checkpoint.dir for p in driver.own_checkpoint_dirs(here, sweep)] == ["ckpt/0", "ckpt/1"]
+    for jobs in (distinct, chdir, here, single):
+        driver.refuse_shared_paths(jobs, sweep if jobs is not single else None)
+    assert [driver.checkpoint_path(p) for p in here] == [sweep / "0" / "ckpt", sweep / "1" / "ckpt"]
+    assert [p.cfg.checkpoint_dir for p in here] == [str(sweep / "0" / "ckpt"), str(sweep / "1" / "ckpt")]
 
 
-def test_a_later_batch_of_the_same_sweep_does_not_reuse_an_earlier_jobs_checkpoint_dir(tmp_path: Path) -> None:
+def test_a_later_batch_of_the_same_sweep_may_not_write_an_earlier_jobs_checkpoint_dir(tmp_path: Path) -> None:
     """A sweeper that launches in batches (``hydra.sweeper.max_batch_size=1``): job 1 comes alone, after job 0."""
     sweep, shared = tmp_path / "S", tmp_path / "shared"
     (sweep / "launch").mkdir(parents=True)
-    earlier = {"job_dir": str(sweep / "0"), "job_num": 0, "checkpoint_dir_requested": str(shared)}
+    earlier = {"job_dir": str(sweep / "0"), "job_num": 0,
+               "paths": {"output_dir": str(sweep / "0"), "checkpoint.dir": str(shared)}}
     (sweep / "launch" / "manifest.json").write_text(json.dumps({"jobs": [earlier]}))
-    (moved,) = driver.own_checkpoint_dirs([_prepared(sweep / "1", 1, str(shared))], sweep)
-    assert moved.cfg.checkpoint_dir == str(shared / "1")
-    (again,) = driver.own_checkpoint_dirs([_prepared(sweep / "0", 0, str(shared))], sweep)  # job 0 rerun: its own
-    assert again.cfg.checkpoint_dir == str(shared)
+    with pytest.raises(ConfigError, match="earlier launch of this sweep"):
+        driver.refuse_shared_paths([_prepared(sweep / "1", 1, str(shared))], sweep)
+    driver.refuse_shared_paths([_prepared(sweep / "0", 0, str(shared))], sweep)  # job 0 rerun: its own dir
 
 
 @pytest.mark.slow
 def test_second_sweep_point_does_not_resume_from_the_firsts_checkpoint(tmp_path: Path) -> None:
-    """``-m seed=1,2 checkpoint.dir=/shared``, one job after the other: job 1 must train its own steps 1..2."""
+    """``-m seed=1,2 checkpoint.dir=ckpt`` (relative), one job after the other: job 1 trains its own steps 1..2
+    in its own dir; the same sweep with one absolute dir is refused in one line, before anything is written."""
     sweep, shared = tmp_path / "S", tmp_path / "shared"
-    proc = ok(train("-m", "seed=1,2", f"checkpoint.dir={shared}", *ONE, "interactive.max_parallel=1", *TINY,
-                    f"hydra.sweep.dir={sweep}", cwd=tmp_path))
-    assert sum("would share checkpoint.dir" in line for line in proc.stdout.splitlines()) == 1
+    ok(train("-m", "seed=1,2", "checkpoint.dir=ckpt", *ONE, "interactive.max_parallel=1", *TINY,
+             f"hydra.sweep.dir={sweep}", cwd=tmp_path))
     for n in (0, 1):
         assert [r["step"] for r in metrics(sweep / str(n))] == [1, 2], f"job {n} resumed from another's checkpoint"
-        assert (shared / str(n) / "step-2" / ".complete").exists()
+        assert (sweep / str(n) / "ckpt" / "step-2" / ".complete").exists()
         assert result(sweep / str(n))["loss"] is not None
-    assert not list(shared.glob("step-*"))
+    assert not (tmp_path / "ckpt").exists()
     manifest = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
-    assert [j["checkpoint_dir"] for j in manifest] == [str(shared / "0"), str(shared / "1")]
+    assert [j["checkpoint_dir"] for j in manifest] == [str(sweep / "0" / "ckpt"), str(sweep / "1" / "ckpt")]
+    refused = train("-m", "seed=1,2", f"checkpoint.dir={shared}", *ONE, *TINY, f"hydra.sweep.dir={tmp_path / 'T'}",
+                    cwd=tmp_path)
+    assert refused.returncode == 2 and errors(refused) == [
+        f"error: checkpoint.dir='{shared}' is invalid: sweep job 0 and job 1 would all write there (each would "
+        "read, resume from or overwrite the others' files); give each job its own: a relative checkpoint.dir is "
+        "each job's own, under its job dir"]
+    assert not shared.exists() and not (tmp_path / "T" / "0" / "launch").exists()
 
 
 @pytest.mark.slow

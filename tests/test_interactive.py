@@ -13,7 +13,7 @@ import time
 import pytest
 
 from automodel_hydra.backends.interactive import free_port, resolve_nproc
-from automodel_hydra.plan import JobSpec, rank_error
+from automodel_hydra.plan import JobSpec, error_stamps, rank_error
 from automodel_hydra.states import JobState
 from tests.helpers import broken_model_dir, metrics, train_py
 
@@ -155,4 +155,10 @@ def test_rank_error_quotes_the_lowest_rank_of_the_newest_attempt(tmp_path) -> No
     error(job.launch_dir / "error.rank2.json", "ValueError: Size mismatch\nmore")
     shutil.rmtree(job.launch_dir / "torchrun")
     assert rank_error(job) == "rank 2: ValueError: Size mismatch"  # first line only
-    assert rank_error(job, since=time.time() + 60) is None  # files of an earlier run are not this run's
+    old = time.time() - 120  # a file server 2 minutes behind: mtimes say nothing of which launch wrote a file
+    os.utime(job.launch_dir / "error.rank2.json", (old, old))
+    before = error_stamps(job)  # what an earlier launch left, as the file server stamps it
+    assert rank_error(job, before) is None  # files of an earlier launch are not this launch's
+    error(job.launch_dir / "error.rank0.json", "OSError: disk full")  # this launch's, stamped in the past too
+    os.utime(job.launch_dir / "error.rank0.json", (old, old))
+    assert rank_error(job, before) == "rank 0: OSError: disk full"

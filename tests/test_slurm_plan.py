@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 import typing as tp
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from automodel_hydra import config
 from automodel_hydra.backends import slurm
 from automodel_hydra.backends.slurm import parse_slurm_time
 from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
-from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError
+from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError, write_run_id
 from automodel_hydra.schema import ConfigError
 from automodel_hydra.states import JobState
 from tests.helpers import ROOT, compose_cfg
@@ -555,10 +556,20 @@ def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> N
     plans = sweep_plans(fake_slurm, 3)
     backend, (batch,) = sweep_batches(plans, fake_slurm / "sweep")
     subs = backend.submit(batch)
-    (plans[0].job.job_dir / "result.json").parent.mkdir(parents=True, exist_ok=True)
-    (plans[0].job.job_dir / "result.json").write_text('{"loss": 1.5, "step": 5}')
+    for p in plans:
+        write_run_id(p.job, "this-launch")  # as the driver does before it submits
+    result = plans[0].job.job_dir / "result.json"
+    result.write_text('{"loss": 1.5, "step": 5, "run_id": "this-launch"}')
+    old = time.time() - 120  # written by a file server whose clock is 2 minutes behind this host's
+    os.utime(result, (old, old))
     (ok,) = backend.wait([subs[0]])
-    assert ok.ok and ok.value == {"loss": 1.5, "step": 5}
+    assert ok.ok and ok.value == {"loss": 1.5, "step": 5, "run_id": "this-launch"}
+    stale = plans[2].job.job_dir / "result.json"  # an earlier launch's, its mtime (a clock ahead) in the future
+    stale.write_text('{"loss": 9.9, "step": 5, "run_id": "an-earlier-launch"}')
+    os.utime(stale, (time.time() + 120, time.time() + 120))
+    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_2|COMPLETED|None\\n'\n")
+    (not_this,) = backend.wait([subs[2]])
+    assert not_this.state is JobState.FAILED and "no result.json" in (not_this.error or "")
     _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_1|FAILED|None\\n'\n")
     (failed,) = backend.wait([subs[1]])
     assert failed.state is JobState.FAILED and "42_1" in failed.error and "42_1_0_log.out" in failed.error

@@ -54,10 +54,12 @@ from automodel_hydra.plan import (
     Submission,
     SubmitError,
     call_argv,
+    error_stamps,
     launch_dir,
     rank_error,
     read_result,
     worker_argv,
+    written_by_this_launch,
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.states import JobState, StateInfo
@@ -151,7 +153,8 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class LocalRef:
-    """A local job: its dir (the run lock and pid live in ``launch/``), when it was started (epoch s), the grace
+    """A local job: its dir (the run lock and pid live in ``launch/``), when it was started (epoch s, this host's
+    clock: shown to people, never compared with a file's mtime), the grace
     time a stop gives it (``interactive.kill_wait_s``) and whether its head process is its only rank (a call
     job)."""
 
@@ -265,6 +268,7 @@ class _Scheduler:
     def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int],
                  started_at: float) -> None:
         self.plans, self.quiet, self.locks, self.started_at = plans, quiet, locks, started_at
+        self.stamps = [error_stamps(p.job) for p in plans]  # what an earlier launch left (rank_error)
         first = plans[0].request
         # what the environment already allows (CUDA_VISIBLE_DEVICES, the affinity mask) is what jobs share
         self.slots: list[tp.Any] = visible_gpus(cuda_device_count()) if first.uses_gpus else cpu_cores()
@@ -314,7 +318,7 @@ class _Scheduler:
                     free += devices
                     if port is not None:
                         ports.discard(port)
-                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.started_at))
+                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i]))
 
     def _start(self, i: int, devices: list[tp.Any], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
@@ -376,9 +380,11 @@ def _out_name(plan: Plan[Request]) -> str:
     return _script(plan).replace(".sh", ".out")
 
 
-def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResult:
+def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]]) -> JobResult:
+    """How a local job ended: COMPLETED when torchrun exited 0 and the result file carries this launch's id
+    (:func:`automodel_hydra.plan.written_by_this_launch`), else CANCELLED/FAILED with the rank's own error."""
     value = read_result(plan.job)
-    if returncode == 0 and value is not None and plan.job.result_file.stat().st_mtime >= started_at - 1:
+    if returncode == 0 and value is not None and written_by_this_launch(plan.job):
         return JobResult(JobState.COMPLETED, value)
     tail = ""
     out = plan.job.launch_dir / _out_name(plan)
@@ -392,7 +398,9 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
             how = mark.read_text().strip()  # what the stop did (stop_job), when it is over
             if how:
                 return JobResult(state, error=f"cancelled: {how}", stop=how)
-    why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
+    if returncode == 0 and value is not None:
+        tail = f"\n{plan.job.result_file} is an earlier launch's (its run_id is not launch/run_id's){tail}"
+    why = rank_error(plan.job, stamps)  # the rank's own exception, quoted in the command's last line
     what = "the call's process" if plan.job.call is not None else "torchrun"
     return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
                                   f"(job dir {plan.job.job_dir}){tail}")
@@ -409,9 +417,10 @@ class Interactive(Backend[Request, LocalRef, Devices]):
 
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> Devices:
         from automodel_hydra.config import host_problems
+        from automodel_hydra.paths import write_problems
 
-        for cfg in cfgs:
-            for problem in host_problems(cfg):
+        for cfg in cfgs:  # the ranks run here: every path they read or write can be checked now
+            for problem in [*host_problems(cfg), *write_problems(cfg)]:
                 raise problem
         return Devices.here()
 
@@ -583,12 +592,14 @@ def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool =
 
 def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
     """State of a local job from what it left behind (there is no scheduler to ask): RUNNING while its processes
-    hold the dir's run lock, COMPLETED when rank 0 wrote ``result.json`` after the job started, else
-    CANCELLED/FAILED; PENDING while a sweep's queue holds it."""
+    hold the dir's run lock, COMPLETED when rank 0's ``result.json`` (a call's ``call_result.pkl``) carries the
+    id of the job's launch (``launch/run_id``; never a comparison of clocks), else CANCELLED/FAILED; PENDING
+    while a sweep's queue holds it. ``started_at`` is not used for the decision (kept for callers)."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
+    job = JobSpec(job_dir=job_dir, job_name="")
     for result in (job_dir / RESULT_FILE, launch_dir(job_dir) / CALL_RESULT_FILE):  # a recipe's, a call's
-        if result.exists() and result.stat().st_mtime >= started_at - 1:
+        if written_by_this_launch(job, result):
             return JobState.COMPLETED
     if (launch_dir(job_dir) / CANCELLED_MARK).exists():
         return JobState.CANCELLED

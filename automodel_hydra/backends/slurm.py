@@ -74,10 +74,12 @@ from automodel_hydra.plan import (
     Submission,
     SubmitError,
     call_argv,
+    error_stamps,
     launch_dir,
     rank_error,
     read_result,
     worker_argv,
+    written_by_this_launch,
 )
 from automodel_hydra.profile import nsys_check_lines, nsys_prefix
 from automodel_hydra.schema import ConfigError, UserValueError
@@ -389,6 +391,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         """sbatch's cluster answers (MaxArraySize read from it); container mount sources and ``${VAR}`` references
         of ``env_vars`` exist here. Raises PreflightError / ConfigError naming what is missing."""
         from automodel_hydra.config import host_problems
+        from automodel_hydra.paths import write_problems
 
         conf = os.environ.get("SLURM_CONF")
         if conf and not Path(conf).is_file():
@@ -400,6 +403,10 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             if self.ranks_see_local_files(cfg):
                 for problem in host_problems(cfg):
                     raise problem
+            # the job dir is shared with the nodes (launch/ is written, result.json read back there); a dir outside
+            # it may be node-local (/scratch, /tmp) and is not knowable from here
+            for problem in write_problems(cfg, everywhere=False):
+                raise problem
             # (slurm.hf_home is created by the job itself: a cache dir need not exist before the first download)
             sources = [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
             if sc.nemo_volume is not None:
@@ -471,12 +478,14 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         (root / "slurm").mkdir(parents=True, exist_ok=True)  # sbatch does not create it
         code = _write_snapshot(batch.plans[0])
         started = time.time()
+        stamps = [error_stamps(p.job) for p in batch.plans]  # what an earlier launch left (rank_error)
         job_id = _sbatch(script, batch.plans[0].request.env_refs)
         subs = []
         for i, p in enumerate(batch.plans):
             jid = f"{job_id}_{i}" if array else job_id
             out = root / "slurm" / (f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out")
-            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out), code=code))
+            subs.append(Submission(p, SlurmRef(jid, started), log_path=str(out), code=code,
+                                   error_stamps=stamps[i]))
         return subs
 
     def wait(self, subs: tp.Sequence[Submission[SlurmRef]], max_poll_s: float = 30.0,
@@ -623,9 +632,9 @@ def _sbatch(script: Path, env_refs: tp.Sequence[str] = ()) -> str:
 
 
 def _fresh_result(sub: Submission[SlurmRef]) -> bool:
-    """Whether the job wrote ``result.json`` since it was submitted (not a leftover of an earlier run)."""
-    path = sub.plan.job.result_file
-    return path.exists() and path.stat().st_mtime >= sub.ref.submitted_at - 1
+    """Whether the job wrote ``result.json`` in this launch (it carries ``launch/run_id``'s id), not a leftover
+    of an earlier one. Never from mtimes: the nodes and the file server need not share this host's clock."""
+    return written_by_this_launch(sub.plan.job)
 
 
 def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
@@ -635,7 +644,7 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if sub.log_path and Path(sub.log_path).exists():
         tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
     why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
-    failed_rank = rank_error(sub.plan.job, sub.ref.submitted_at)
+    failed_rank = rank_error(sub.plan.job, sub.error_stamps)
     if failed_rank:
         why = f"{failed_rank}; {why}"
     return JobResult(JobState.FAILED if state is JobState.COMPLETED else state,

@@ -157,12 +157,15 @@ def resolve(spec: tp.Any) -> Recipe:
 
 
 def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
-               should_stop: tp.Callable[[], bool] = lambda: False) -> dict[str, tp.Any]:
+               should_stop: tp.Callable[[], bool] = lambda: False, output_dir: str | None = None) -> dict[str, tp.Any]:
     """Run ``recipe`` on this rank; the process group is initialised (the worker's ``init_distributed``).
 
     ``cfg`` is the job's config as the rank has it (``launch/job.yaml`` as a DictConfig, or a dict): the bundled
     recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe
-    gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig.
+    gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig. For the last two, a
+    relative written dir (``checkpoint.checkpoint_dir: checkpoints/``; :data:`automodel_hydra.paths.WRITTEN_DIR_KEYS`)
+    is made absolute under the job's ``output_dir`` (the argument, else ``cfg``'s own key) first, so that each job
+    of a sweep writes its own.
 
     Returns the final metrics as a dict that always has ``stopped_early``.
 
@@ -173,13 +176,20 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
 
         train_cfg = cfg if isinstance(cfg, config.TrainConfig) else config.load_rank(cfg)
         return dict(recipe.obj(train_cfg, dist, should_stop=should_stop))
+    from omegaconf import DictConfig, OmegaConf
+
+    from automodel_hydra.paths import anchored_sections
+
+    plain = tp.cast(dict[str, tp.Any], OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig)
+                    else dict(cfg))
+    output_dir = output_dir or plain.get("output_dir")
+    if output_dir:
+        plain = anchored_sections(plain, str(output_dir))
     if recipe.kind == "automodel":
         from automodel_hydra.recipes import automodel
 
-        return automodel.run(recipe.obj, cfg, dist, should_stop)
-    from omegaconf import DictConfig, OmegaConf
-
-    out = recipe.obj(cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg), dist, should_stop)
+        return automodel.run(recipe.obj, plain, dist, should_stop)
+    out = recipe.obj(OmegaConf.create(plain), dist, should_stop)
     if out is None:
         out = {}
     if not isinstance(out, Mapping):

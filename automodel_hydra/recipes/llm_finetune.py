@@ -235,6 +235,8 @@ def train(cfg: TrainConfig, env: RankEnv, should_stop: tp.Callable[[], bool] = l
                     "%d tokens/step, steps %d..%d", sum(p.numel() for p in raw_model.parameters()) / 1e6,
                     "byte" if tokenizer.hf is None else "tokenizer", tokenizer.vocab_size, cfg.data.source,
                     data.train.num_samples, env.world_size, tokens_per_step, start + 1, sched.max_steps)
+        if start == sched.max_steps:
+            logger.warning("already at step %d (step_scheduler.max_steps): nothing left to train", start)
 
     result: dict[str, tp.Any] = {"step": start, "loss": None, "stopped_early": False, "world_size": env.world_size,
                                  "tokens_per_s": None, "val_loss": None, "final_model": None}
@@ -267,6 +269,8 @@ def train(cfg: TrainConfig, env: RankEnv, should_stop: tp.Callable[[], bool] = l
         checkpointer.close()
         metrics.close()
     if rank0 and not result["stopped_early"]:
+        # also when nothing was trained (resumed at max_steps): an export of the restored weights, the same model,
+        # never an earlier final_model/ that may be another run's
         result["final_model"] = str(export_final(raw_model, tokenizer, cfg.output_dir))
     if rank0:
         logger.info("done: %s", result)

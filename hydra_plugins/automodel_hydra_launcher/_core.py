@@ -36,7 +36,6 @@ import copy
 import dataclasses
 import logging
 import os
-import time
 import typing as tp
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from automodel_hydra import call, driver
 from automodel_hydra import config as am_config
-from automodel_hydra.plan import JobFailedError, JobSpec
+from automodel_hydra.plan import JobFailedError, JobSpec, written_by_this_launch
 from automodel_hydra.schema import ConfigError, UserValueError
 
 from . import _fast
@@ -289,7 +288,6 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         configs.append(sweep_config)
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
         Singleton.set_state(state)
-    launched = time.time()
     try:
         outcomes = driver.launch(jobs, sweep_dir, results_needed(config))
     except driver.Stopped as e:
@@ -301,16 +299,16 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         driver.fail_launch(e)
     except Exception as e:
         driver.fail_unexpected(e)
-    return [_call_return(outcome, sweep_config, launched) for outcome, sweep_config in zip(outcomes, configs)]
+    return [_call_return(outcome, sweep_config) for outcome, sweep_config in zip(outcomes, configs)]
 
 
-def _call_return(outcome: driver.Outcome, sweep_config: DictConfig, launched: float) -> JobReturn:
-    """The JobReturn a call job's process pickled back (``call_result.pkl``, or ``call_error.pkl`` when its
-    task function raised), or, when it wrote none since ``launched`` (it died, was cancelled, or was not waited
-    for), one made here from the job's config and the backend's account of it."""
+def _call_return(outcome: driver.Outcome, sweep_config: DictConfig) -> JobReturn:
+    """The JobReturn a call job's process pickled back in this launch (``call_result.pkl``, or ``call_error.pkl``
+    when its task function raised; its header carries ``launch/run_id``'s id), or, when it wrote none (it died,
+    was cancelled, or was not waited for), one made here from the job's config and the backend's account of it."""
     job = outcome.prepared.job
     for path in (job.result_file, job.call_error_file):
-        if path.exists() and path.stat().st_mtime >= launched - 1:
+        if written_by_this_launch(job, path):
             try:
                 return tp.cast(JobReturn, call.read_job_return(path))
             except Exception as e:

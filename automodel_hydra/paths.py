@@ -1,0 +1,159 @@
+"""The paths a job writes: relative ones made the job's own, shared ones refused, unwritable ones found early.
+
+The rule (docs/architecture.md, "Paths a job writes"):
+
+* **A relative path a job writes is relative to its job dir** (``output_dir``: Hydra's ``hydra.run.dir`` or its
+  sweep subdir), on every launcher and whatever the ranks' working dir is (torchrun here starts them in the
+  launching dir unless ``hydra.job.chdir=true``; sbatch in the submitting dir; SkyPilot in its synced workdir).
+  That is what a Hydra user expects (Hydra's own outputs live in the job dir), and it makes AutoModel's default
+  ``checkpoint.checkpoint_dir: checkpoints/`` one dir per sweep point. The written dirs are the bundled recipe's
+  ``checkpoint.dir`` and ``profile.nsys.output_dir`` (:class:`automodel_hydra.config.TrainConfig`) and, in the
+  sections of any other recipe, every key named in :data:`WRITTEN_DIR_KEYS` (AutoModel's
+  ``checkpoint.checkpoint_dir``, where its recipe also writes ``training.jsonl``). The rank applies it
+  (:func:`anchored_sections`), against the ``output_dir`` it has: on a SkyPilot node that is the node's dir.
+  Paths a job reads (``data.path``, ``restore_from.path``, a model dir) keep Hydra's meaning.
+* **No two jobs of a sweep write one path**: the job dirs (``result.json``, ``metrics.jsonl``, logs, ``launch/``),
+  the checkpoint dirs, the profile dirs. An absolute path (or a ``hydra.sweep.subdir`` without the job's number)
+  that two points share is refused before anything is written or submitted, in one line naming the key, the path
+  and the jobs (:func:`refuse_shared`); also against the jobs an earlier launch of the same sweep recorded in its
+  manifest (a sweeper that launches in batches).
+* **Unwritable dirs are found before any rank starts** (:func:`write_problems`), where this machine can know:
+  the job dir always (the launch writes ``launch/`` there and reads ``result.json`` back from it, so it is on a
+  filesystem this machine shares with the ranks), and every other written dir on the interactive launcher and
+  on bare-metal Slurm (the backends' ``preflight``, with :func:`automodel_hydra.config.host_problems`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import typing as tp
+from pathlib import Path
+
+from automodel_hydra.schema import ConfigError
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
+
+#: Leaf key names, anywhere in a recipe's sections (not the bundled recipe's), whose value is a dir the job writes:
+#: AutoModel's ``checkpoint.checkpoint_dir`` and the names recipes commonly use for a written dir.
+WRITTEN_DIR_KEYS = ("checkpoint_dir", "ckpt_dir", "save_dir", "log_dir", "output_dir")
+
+
+def _relative(value: tp.Any) -> bool:
+    """A plain relative path: a non-empty string, no interpolation or shell reference (those are resolved where
+    the rank runs, and mean there what they mean)."""
+    return isinstance(value, str) and bool(value.strip()) and "$" not in value and not value.startswith(("/", "~"))
+
+
+def _walk(node: tp.Any, prefix: str) -> tp.Iterator[tuple[str, tp.Any, dict[str, tp.Any], str]]:
+    """``(full key, value, parent mapping, leaf key)`` of every written-dir key under ``node``."""
+    if not isinstance(node, dict):
+        return
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _walk(v, f"{key}.")
+        elif k in WRITTEN_DIR_KEYS and isinstance(v, str):
+            yield key, v, node, str(k)
+
+
+def anchored_sections(sections: tp.Mapping[str, tp.Any], output_dir: str | os.PathLike) -> dict[str, tp.Any]:
+    """A copy of a recipe's sections (plain containers, interpolations unresolved) with every relative written dir
+    (:data:`WRITTEN_DIR_KEYS`) joined onto ``output_dir``; the top-level ``output_dir`` (ours) is left alone."""
+    import copy
+
+    out = copy.deepcopy(dict(sections))
+    for _key, value, parent, leaf in list(_walk({k: v for k, v in out.items() if k != "output_dir"}, "")):
+        if _relative(value):
+            parent[leaf] = str(Path(output_dir) / value)
+    return out
+
+
+def written_dirs(cfg: TrainConfig, job_dir: Path) -> list[tuple[str, Path]]:
+    """``(key, absolute path)`` of every dir the job writes, as the ranks will resolve it (relative ones under
+    ``job_dir``): the job dir (key ``output_dir``), then the checkpoint and profile dirs. Values the submitting
+    side cannot resolve (``${VAR}``, interpolations) are left out."""
+    found: list[tuple[str, Path]] = [("output_dir", job_dir)]
+    if cfg.bundled:
+        if cfg.checkpoint.enabled:
+            found.append(("checkpoint.dir", Path(job_dir) / (cfg.checkpoint.dir or "checkpoints")))
+        if cfg.profile.nsys.enabled and cfg.profile.nsys.output_dir:
+            found.append(("profile.nsys.output_dir", Path(job_dir) / cfg.profile.nsys.output_dir))
+    else:
+        sections = {k: v for k, v in cfg.recipe_sections.items() if k != "output_dir"}
+        for key, value, _, _ in _walk(sections, ""):
+            if value.strip() and "$" not in value:
+                found.append((key, Path(job_dir) / os.path.expanduser(value)))
+    return [(k, Path(os.path.normpath(p))) for k, p in found]
+
+
+def refuse_shared(jobs: tp.Sequence[tuple[int | None, Path, list[tuple[str, Path]]]],
+                  earlier: tp.Mapping[str, tp.Mapping[str, str]] | None = None) -> None:
+    """Refuse a sweep in which two jobs write one dir. ``jobs``: ``(job num, job dir, written_dirs)`` of each job of
+    this launch; ``earlier``: job dir -> {key: path} an earlier launch of the same sweep recorded (its other jobs
+    count too; a job relaunched in its own dir does not collide with itself).
+
+    Raises ConfigError naming the key, the path and the jobs that share it."""
+    users: dict[Path, list[tuple[str, str]]] = {}  # path -> [(key, who)]
+    for num, job_dir, dirs in jobs:
+        for key, path in dirs:
+            users.setdefault(path, []).append((key, f"job {num}" if num is not None else str(job_dir)))
+    mine = {str(job_dir) for _, job_dir, _ in jobs}
+    for other, recorded in (earlier or {}).items():
+        if other in mine:
+            continue
+        for key, text in recorded.items():
+            if Path(text) in users:
+                users[Path(text)].append((key, f"job {other} of an earlier launch of this sweep"))
+    for path, who in users.items():
+        names = list(dict.fromkeys(w for _, w in who))
+        if len(names) < 2:
+            continue
+        key = who[0][0]
+        fix = ("give each job its own dir: Hydra's hydra.sweep.subdir must name the job (default ${hydra.job.num})"
+               if key == "output_dir" else
+               f"give each job its own: a relative {key} is each job's own, under its job dir")
+        raise ConfigError(key, str(path), f"sweep {' and '.join(names)} would all write there (each would read, "
+                          f"resume from or overwrite the others' files); {fix}")
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return p
+
+
+def unwritable(path: Path) -> str | None:
+    """Why the job could not create or write ``path`` (a dir), or None when it can: the path or its nearest
+    existing ancestor is not a dir, or a probe file cannot be created there (a read-only filesystem, another
+    user's dir; probing also holds for root, whom mode bits do not stop). The probe is removed at once; nothing
+    is created when ``path`` does not exist yet."""
+    base = _nearest_existing(Path(path))
+    if not base.is_dir():
+        return f"{base} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".automodel-probe-", dir=base)
+    except OSError as e:
+        return f"{base} is not writable ({e.strerror or e})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def write_problems(cfg: TrainConfig, job_dir: Path | None = None, everywhere: bool = True) -> list[ConfigError]:
+    """The written dirs of ``cfg`` (:func:`written_dirs`; ``job_dir`` default ``cfg.output_dir``) that cannot be
+    written: the job dir always, the others when ``everywhere`` (the ranks see this machine's filesystem) or when
+    they lie inside the job dir. One ConfigError each (key, path, why and what is valid)."""
+    job_dir = Path(job_dir if job_dir is not None else cfg.output_dir)
+    problems = []
+    for key, path in written_dirs(cfg, job_dir):
+        if not (everywhere or key == "output_dir" or job_dir in (path, *path.parents)):
+            continue
+        why = unwritable(path)
+        if why is not None:
+            name = "hydra.run.dir (the job dir)" if key == "output_dir" else key
+            problems.append(ConfigError(name, str(path), f"the job could not write there: {why}; valid: a dir "
+                                        "this user can create or write"))
+    return problems
