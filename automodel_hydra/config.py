@@ -5,7 +5,8 @@ Sections and where their schema lives:
 * the bundled recipe's sections (``model``, ``data``, ``step_scheduler``, ``optim``, ``checkpoint``,
   ``restore_from``, ``profile``): here;
 * each launcher's section beside its backend: ``interactive`` in :mod:`automodel_hydra.backends.interactive`,
-  ``slurm`` in :mod:`automodel_hydra.backends.slurm`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot`.
+  ``slurm`` in :mod:`automodel_hydra.backends.slurm`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot`;
+* ``fault_tolerance`` (every launcher) in :mod:`automodel_hydra.fault_tolerance`.
 
 Defaults live once, in these dataclasses (the YAML files under ``conf/`` only select). Bad input is caught twice
 before anything is submitted or started:
@@ -37,6 +38,7 @@ from automodel_hydra.backends.interactive import InteractiveConfig
 from automodel_hydra.backends.skypilot import SkyPilotConfig
 from automodel_hydra.backends.slurm import SlurmConfig
 from automodel_hydra.envvars import Ref, expand, split
+from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.schema import ConfigError, at_least, require
 
 #: The launcher sections: which one is present decides where the job runs (none = interactive).
@@ -223,6 +225,8 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     dist_env: DistEnvConfig = field(default_factory=DistEnvConfig)
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
+    # ft_launcher: heartbeats, hang detection, in-job restarts, on every launcher (docs/fault-tolerance.md)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     slurm: tp.Optional[SlurmConfig] = None
     skypilot: tp.Optional[SkyPilotConfig] = None
     # the code every rank runs: null = this bundled recipe; an AutoModel recipe class (a bare name such as
@@ -238,6 +242,10 @@ class TrainConfig:
                               "slurm: or the skypilot: section (or choose launcher=slurm|skypilot|interactive)")
         if self.slurm is not None and self.slurm.nsys_enabled:
             self.profile.nsys.enabled = True
+        if self.fault_tolerance.enabled and self.interactive.max_restarts not in (0, self.fault_tolerance.max_restarts):
+            raise ConfigError("interactive.max_restarts", self.interactive.max_restarts,
+                              "with fault_tolerance.enabled=true the worker group restarts "
+                              f"fault_tolerance.max_restarts={self.fault_tolerance.max_restarts} times: set that one")
 
     @property
     def backend(self) -> str:
@@ -256,7 +264,8 @@ class TrainConfig:
 
 #: The sections this product reads whatever the recipe; with a recipe other than the bundled one, every other
 #: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
-LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", *LAUNCHER_SECTIONS, "recipe")
+LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", "fault_tolerance", *LAUNCHER_SECTIONS,
+               "recipe")
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -571,7 +580,7 @@ def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
     recipe's resolved, another recipe's as written (its ``recipe:`` key included) — plus ``output_dir``,
     ``seed``, ``profile`` and ``dist_env``."""
     spec = dataclasses.asdict(cfg)
-    for section in ("interactive", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
+    for section in ("interactive", "fault_tolerance", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
         spec.pop(section, None)
     if cfg.bundled:
         spec.pop("recipe", None)

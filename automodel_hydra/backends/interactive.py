@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from automodel_hydra import fault_tolerance
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
     RESULT_FILE,
@@ -41,6 +43,7 @@ from automodel_hydra.plan import (
     JobResult,
     JobSpec,
     Plan,
+    PreflightError,
     Submission,
     call_argv,
     rank_error,
@@ -100,6 +103,15 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def find_ft_launcher() -> str | None:
+    """``ft_launcher`` beside this Python (the venv's console script, whether or not the venv is activated), else
+    on PATH; None when neither has one."""
+    beside = Path(sys.executable).parent / fault_tolerance.LAUNCHER
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(fault_tolerance.LAUNCHER)
+
+
 def cpu_cores() -> list[int]:
     """CPU cores this process may run on (its affinity mask, which containers and Slurm narrow)."""
     return sorted(os.sched_getaffinity(0))
@@ -122,6 +134,7 @@ class Request:
     uses_gpus: bool
     env: tuple[tuple[str, str], ...]  # hydra.job.env_set
     workdir: str | None
+    launcher: str = "torchrun"  # or "ft_launcher" (fault_tolerance.enabled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,8 +274,8 @@ class _Scheduler:
         if plan.job.call is not None:
             log.info("job %s: one process%s", plan.job.job_num or 0, f", devices {devices}" if packed else "")
         else:
-            log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
-                     plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
+            log.info("job %s: %s with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
+                     plan.request.launcher, plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
                      f", devices {devices}" if packed else "")
         script = _script(plan)
         out = open(plan.job.launch_dir / _out_name(plan), "ab") if self.quiet else None  # noqa: SIM115
@@ -298,7 +311,10 @@ def _out_name(plan: Plan[Request]) -> str:
 
 def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResult:
     value = read_result(plan.job)
+    restarts = fault_tolerance.restart_summary(plan.job.launch_dir, started_at)  # "" without in-job restarts
     if returncode == 0 and value is not None and plan.job.result_file.stat().st_mtime >= started_at - 1:
+        if restarts:
+            log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
         return JobResult(JobState.COMPLETED, value)
     tail = ""
     out = plan.job.launch_dir / _out_name(plan)
@@ -306,8 +322,11 @@ def _result(plan: Plan[Request], returncode: int, started_at: float) -> JobResul
         tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
     cancelled = returncode in (-signal.SIGTERM, 143) or (plan.job.launch_dir / CANCELLED_MARK).exists()
     state = JobState.CANCELLED if cancelled else JobState.FAILED
-    why = rank_error(plan.job, started_at)  # the rank's own exception, quoted in the command's last line
-    what = "the call's process" if plan.job.call is not None else "torchrun"
+    # what ended it, quoted in the command's last line: a hung rank (fault tolerance), else the rank's exception
+    why = fault_tolerance.final_hang(plan.job.launch_dir, started_at) or rank_error(plan.job, started_at)
+    if restarts:
+        why = f"{why + '; ' if why else ''}{restarts}"
+    what = "the call's process" if plan.job.call is not None else plan.request.launcher
     return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
                                   f"(job dir {plan.job.job_dir}){tail}")
 
@@ -320,6 +339,7 @@ class Interactive(Backend[Request, LocalRef]):
     def __init__(self) -> None:
         self.gpus: int | None = None
         self.cpus: list[int] = []
+        self.ft_launcher: str | None = None  # preflight's find_ft_launcher(), for jobs with fault tolerance
         self._futures: dict[str, Future[JobResult]] = {}
         self._schedulers: list[_Scheduler] = []
 
@@ -329,6 +349,10 @@ class Interactive(Backend[Request, LocalRef]):
         for cfg in cfgs:
             for problem in host_problems(cfg):
                 raise problem
+        if any(cfg.fault_tolerance.enabled for cfg in cfgs):
+            self.ft_launcher = find_ft_launcher()
+            if self.ft_launcher is None:
+                raise PreflightError(fault_tolerance.missing_launcher_line("beside this Python or on PATH"))
         self.gpus, self.cpus = cuda_device_count(), cpu_cores()
 
     def _devices(self) -> tuple[int, list[int]]:
@@ -350,8 +374,11 @@ class Interactive(Backend[Request, LocalRef]):
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
         worker = worker_argv(job, python=sys.executable)
         prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                    f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d",
+        ft = cfg.fault_tolerance
+        # ft_launcher takes torchrun's options (and the same rendezvous) plus its own, --max-restarts included
+        launcher = ([self.ft_launcher or fault_tolerance.LAUNCHER, *fault_tolerance.ft_args(ft)] if ft.enabled else
+                    [sys.executable, "-m", "torch.distributed.run", f"--max_restarts={ic.max_restarts}"])
+        torchrun = [*launcher, "--nnodes=1", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
                     # each rank's error file (torch's `record`) lands here: torchrun's Root Cause and our last line
                     f"--log-dir={job.launch_dir / TORCHRUN_LOG_DIR}"]
         # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
@@ -359,7 +386,8 @@ class Interactive(Backend[Request, LocalRef]):
         lines = [
             "#!/usr/bin/env bash",
             # !r: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
-            f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
+            f"# {job.job_name!r}: {'ft_launcher' if ft.enabled else 'torchrun'} on this node, {nproc} worker(s). "
+            "Planned by automodel-hydra.",
             "# Rendezvous port: AUTOMODEL_RDZV_PORT (interactive.master_port, moved to a free one at start), or 0: "
             "the",
             "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
@@ -375,7 +403,7 @@ class Interactive(Backend[Request, LocalRef]):
             "",
         ]
         request = Request(nproc, ic.master_port, ic.max_parallel, gpus > 0, job.env,
-                          str(job.workdir) if job.workdir else None)
+                          str(job.workdir) if job.workdir else None, "ft_launcher" if ft.enabled else "torchrun")
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
 
     def plan_call(self, cfg: TrainConfig, job: JobSpec) -> Plan[Request]:
@@ -443,7 +471,15 @@ class Interactive(Backend[Request, LocalRef]):
             restore()
 
     def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
-        return [StateInfo(local_state(Path(r.job_dir), r.started_at)) for r in refs]
+        infos = []
+        for r in refs:  # a job's in-job restarts (fault tolerance) are its note: "restarted 1x: rank 1 hung ..."
+            state = local_state(Path(r.job_dir), r.started_at)
+            note = fault_tolerance.restart_summary(Path(r.job_dir) / "launch", r.started_at)
+            if state is JobState.FAILED:
+                note = "; ".join(x for x in (fault_tolerance.final_hang(Path(r.job_dir) / "launch", r.started_at),
+                                             note) if x)
+            infos.append(StateInfo(state, note))
+        return infos
 
     def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
         """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
