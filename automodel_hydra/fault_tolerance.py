@@ -147,8 +147,8 @@ def describe_hang(record: tp.Mapping[str, tp.Any]) -> str:
 
 
 def restart_reason(launch_dir: Path, attempt: int) -> str:
-    """Why ``attempt`` ended, for the line of the attempt after it: the hang recorded for it, else the lowest
-    failed rank's exception (torch's error file of that attempt under the launcher's ``--log-dir``), else that a
+    """Why ``attempt`` ended, for the line of the attempt after it: the hang recorded for it, else the exception of
+    the rank that failed first (torch's error file of that attempt under the launcher's ``--log-dir``), else that a
     rank ended without saying why (e.g. killed by a signal)."""
     hung = hangs(launch_dir, attempt)
     if hung:
@@ -157,14 +157,15 @@ def restart_reason(launch_dir: Path, attempt: int) -> str:
     failed = []
     for path in Path(launch_dir).glob(f"*/*/attempt_{attempt}/*/error.json"):
         try:
+            written = path.stat().st_mtime_ns
             message = json.loads(path.read_text())["message"]
             text = str(message["message"] if isinstance(message, dict) else message)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        failed.append((path.parent.name, first[:200]))
-    if failed:
-        rank, first = min(failed)
+        failed.append((written, path.parent.name, first[:200]))
+    if failed:  # the first to fail is the cause: the others failed because it did ("Connection closed by peer")
+        _, rank, first = min(failed)
         return f"local rank {rank} failed: {first}"
     return "a rank ended without an error (e.g. killed by a signal)"
 
