@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -271,7 +272,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                      # the scheduler's name for it (sbatch --job-name, SkyPilot's task name; locally Hydra's)
                      "name": rec.get("job_name") or "-",
                      "job_ids": job_ids(rec), "state": info.state.value,
-                     "note": _note(info.state, info.reason),
+                     "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state)) if x),
                      "job_dir": rec["job_dir"]})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -556,6 +557,22 @@ def build_parser() -> argparse.ArgumentParser:
 NEVER_REASONS = ("PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionNodeLimit", "PartitionTimeLimit",
                  "ReqNodeNotAvail", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
                  "BadConstraints", "DependencyNeverSatisfied", "JobHeldAdmin", "AssocMaxJobsLimit")
+
+
+def _ft_note(record: Record, state: JobState) -> str:
+    """What fault tolerance recorded in the job dir since the job was submitted (every launcher whose ranks write
+    there): ``"restarted 1x: rank 1 hung at step 5"``, and for a failed job the hang that ended it."""
+    from automodel_hydra import fault_tolerance
+
+    launch = Path(record["job_dir"]) / "launch"
+    if not fault_tolerance.evidence_dir(launch).is_dir():
+        return ""
+    since = float((record.get("ref") or {}).get("started_at") or 0.0)
+    if not since and record.get("submitted_at"):
+        with contextlib.suppress(ValueError):
+            since = datetime.datetime.fromisoformat(record["submitted_at"]).timestamp()
+    hang = fault_tolerance.final_hang(launch, since) if state is JobState.FAILED else None
+    return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch, since)) if x)
 
 
 def _note(state: JobState, reason: str) -> str:

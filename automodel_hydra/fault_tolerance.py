@@ -155,7 +155,8 @@ def restart_reason(launch_dir: Path, attempt: int) -> str:
         r = hung[0]
         return f"rank {r.get('rank')} hung at step {r.get('step')}"
     failed = []
-    for path in Path(launch_dir).glob(f"*/*/attempt_{attempt}/*/error.json"):
+    # <launcher's --log-dir>/<run id>/attempt_<k>/<local rank>/error.json; on Slurm one log dir per node
+    for path in Path(launch_dir).glob(f"**/attempt_{attempt}/*/error.json"):
         try:
             written = path.stat().st_mtime_ns
             message = json.loads(path.read_text())["message"]

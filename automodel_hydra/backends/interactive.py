@@ -471,15 +471,7 @@ class Interactive(Backend[Request, LocalRef]):
             restore()
 
     def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
-        infos = []
-        for r in refs:  # a job's in-job restarts (fault tolerance) are its note: "restarted 1x: rank 1 hung ..."
-            state = local_state(Path(r.job_dir), r.started_at)
-            note = fault_tolerance.restart_summary(Path(r.job_dir) / "launch", r.started_at)
-            if state is JobState.FAILED:
-                note = "; ".join(x for x in (fault_tolerance.final_hang(Path(r.job_dir) / "launch", r.started_at),
-                                             note) if x)
-            infos.append(StateInfo(state, note))
-        return infos
+        return [StateInfo(local_state(Path(r.job_dir), r.started_at)) for r in refs]
 
     def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
         """SIGTERM each job's torchrun process group (workers checkpoint at the next step, then exit)."""
