@@ -325,3 +325,69 @@ def test_report_marks_restarts_on_the_loss_curve(tmp_path: Path) -> None:
     c.restarts = steps
     png = cli.plot_losses({"0: x": c}, tmp_path / "loss.png", "t")
     assert png.stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------------ Slurm, SkyPilot plans
+
+
+def test_slurm_plan_runs_one_ft_launcher_per_node(tmp_path: Path) -> None:
+    from automodel_hydra import config
+    from automodel_hydra.backends import slurm
+
+    cfg = config.load(compose_cfg(["launcher=slurm", "slurm.nodes=2", "slurm.ntasks_per_node=4",
+                                   "slurm.gpus_per_node=0", "fault_tolerance.enabled=true",
+                                   "fault_tolerance.max_restarts=2"], tmp_path))
+    script = slurm.Slurm().plan(cfg, JobSpec(tmp_path, "train")).files["sbatch.sh"]
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert " --ntasks=2 --ntasks-per-node=1 " in srun  # one task per node: the node's ft_launcher
+    launcher = str(Path(sys.executable).parent / "ft_launcher")
+    assert f" {launcher} --ft-" in srun and "--max-restarts=2" in srun
+    for arg in ("--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"', '--rdzv-id="${SLURM_JOB_ID}"',
+                "-m automodel_hydra.worker"):
+        assert arg in srun
+    assert f"[ -x {launcher} ] ||" in script  # a node without it: one line at start
+    # the batch step's check, run by bash, is the one line
+    check = next(line for line in script.splitlines() if line.startswith("[ -x "))
+    out = subprocess.run(["bash", "-c", check.replace(launcher, str(tmp_path / "none"))],
+                         env={"PATH": os.environ["PATH"], "AUTOMODEL_JOB_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and out.stderr.strip().startswith("error: fault_tolerance.enabled=true needs ")
+    assert len(out.stderr.strip().splitlines()) == 1
+    off = config.load(compose_cfg(["launcher=slurm", "slurm.nodes=2", "slurm.gpus_per_node=0"], tmp_path))
+    srun_off = next(line for line in slurm.Slurm().plan(off, JobSpec(tmp_path, "train")).files["sbatch.sh"]
+                    .splitlines() if line.startswith("srun "))
+    assert "ft_launcher" not in srun_off and "--ntasks-per-node=1" not in srun_off
+
+
+def test_skypilot_multi_node_task_runs_ft_launcher_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_skypilot_plan import ENV, FIELD_IPS, bash, load, plan
+
+    from automodel_hydra.backends import skypilot
+
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    p = plan(load(["skypilot.cloud=aws", "skypilot.accelerators=H100:8", "skypilot.num_nodes=2",
+                   "skypilot.use_spot=true", "skypilot.checkpoint_bucket=s3://ckpts", "fault_tolerance.enabled=true"],
+                  tmp_path))
+    skypilot.SkyPilot().check([p])  # SkyPilot's own schema and sky.Task
+    task = p.request.task
+    assert "'.[fault-tolerance]'" in task["setup"]  # ft_launcher on every node
+    assert p.request.managed and task["resources"]["use_spot"]  # managed spot recovery stays on top
+    (tmp_path / "bin").mkdir()
+    recorder = tmp_path / "bin" / "ft_launcher"
+    recorder.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    recorder.chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path), "SKYPILOT_NODE_IPS": FIELD_IPS,
+           "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "1", "SKYPILOT_TASK_ID": "sky-2026-01-01-00-00-00_1"}
+    run = task["run"].replace("/checkpoints/", f"{tmp_path}/checkpoints/")
+    out = bash(run, env)
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.splitlines()
+    for arg in ("--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.12:13742",
+                "--rdzv-id=sky-2026-01-01-00-00-00_1", "--max-restarts=3", "--ft-rank-heartbeat-timeout=300"):
+        assert arg in args
+    recorder.unlink()
+    missing = bash(run, {**env, "PATH": "/usr/bin:/bin"})
+    assert missing.returncode == 1 and missing.stderr.strip().startswith(
+        "error: fault_tolerance.enabled=true needs ft_launcher on this node")
