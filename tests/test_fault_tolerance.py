@@ -361,9 +361,8 @@ def test_slurm_plan_runs_one_ft_launcher_per_node(tmp_path: Path) -> None:
 
 
 def test_skypilot_multi_node_task_runs_ft_launcher_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_skypilot_plan import ENV, FIELD_IPS, bash, load, plan
-
     from automodel_hydra.backends import skypilot
+    from tests.test_skypilot_plan import ENV, FIELD_IPS, bash, load, plan
 
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
