@@ -28,6 +28,7 @@ N" means step N was in progress: N - 1 steps had completed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import json
@@ -86,7 +87,11 @@ class Monitor:
                 self.dumped = False
                 self._update_hang(resumed_at=_now(), resumed_step=self.step)
         if self.client is not None:
-            self.client.send_heartbeat()
+            try:
+                self.client.send_heartbeat()
+            except Exception as e:  # the monitor is gone (the launcher is stopping): training must not fail on it
+                log.warning("heartbeats stop: the rank monitor does not answer (%s)", str(e).splitlines()[0])
+                self.client = None
 
     def hook(self, optimizer: tp.Any, args: tp.Any, kwargs: tp.Any) -> None:
         """The global optimizer step post-hook (torch's signature)."""
@@ -165,7 +170,8 @@ class Monitor:
             self._stack.close()
             self._stack = None
         if self.client is not None:
-            self.client.shutdown_workload_monitoring()
+            with contextlib.suppress(OSError):
+                self.client.shutdown_workload_monitoring()
             self.client = None
 
 

@@ -516,12 +516,15 @@ def stop_ranks(torchrun_pid: int) -> None:
     checkpoint at the next step and end cleanly, and torchrun exits by itself, without the traceback it prints
     when it is signalled itself. Falls back to the agent's process group when no rank is found."""
     children = []
+    agent = _cmdline(torchrun_pid)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 1 and fields[1] == str(torchrun_pid):
+        # a child with the agent's own command line is a forked helper, not a rank: ft_launcher's rank monitors,
+        # which the agent ends itself (signalled, they die, and the ranks' heartbeats fail mid-checkpoint)
+        if len(fields) > 1 and fields[1] == str(torchrun_pid) and _cmdline(int(stat.parent.name)) != agent:
             children.append(int(stat.parent.name))
     for pid in children or []:
         with contextlib.suppress(ProcessLookupError):
@@ -529,6 +532,13 @@ def stop_ranks(torchrun_pid: int) -> None:
     if not children:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(torchrun_pid, signal.SIGTERM)
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
