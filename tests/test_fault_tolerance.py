@@ -390,3 +390,53 @@ def test_skypilot_multi_node_task_runs_ft_launcher_per_node(tmp_path: Path, monk
     missing = bash(run, {**env, "PATH": "/usr/bin:/bin"})
     assert missing.returncode == 1 and missing.stderr.strip().startswith(
         "error: fault_tolerance.enabled=true needs ft_launcher on this node")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@needs_ft
+def test_slurm_hung_rank_restarts_in_the_same_allocation(slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """2 nodes x 1 task on the test cluster: one ft_launcher per node; rank 1 hangs at step 5 once."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ft_user.py").write_text(USER_RECIPE)
+    run, conf = tmp_path / "R", tmp_path / "conf"
+    conf.mkdir()
+    (conf / "ft.yaml").write_text(textwrap.dedent(f"""
+        recipe: ft_user:main
+        slurm:
+          nodes: 2
+          ntasks_per_node: 1
+          gpus_per_node: 0
+          partition: debug
+          time: "00:10:00"
+          wait: true
+        fault_tolerance:
+          enabled: true
+          rank_heartbeat_timeout: 8
+          initial_rank_heartbeat_timeout: 120
+          workload_check_interval: 1
+          max_restarts: 1
+        ft_test:
+          mode: hang
+          steps: 8
+          out: {run}
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(conf), "--config-name", "ft",
+                           f"hydra.run.dir={run}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=480)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    job_id = json.loads((run / "launch" / "submission.json").read_text())["job_ids"][0]
+    assert slurm_cluster.sacct_state(job_id, timeout=30) == "COMPLETED"
+    assert slurm_cluster.job_info(job_id).get("Restarts") == "0", "restarted in the allocation, never requeued"
+    rows = ftm.attempts(run / "launch")
+    assert [r["attempt"] for r in rows] == [1] and rows[0]["reason"] == "rank 1 hung at step 5"
+    hang = json.loads(ftm.hang_file(run / "launch", 1, 0).read_text())
+    line = next(n for n, text in enumerate(USER_RECIPE.splitlines(), 1) if "HANG HERE" in text)
+    assert f'ft_user.py", line {line} in main' in Path(hang["stack"]).read_text()
+    assert [r["step"] for r in metrics(run)] == list(range(1, 9))
+    assert _status(run)["note"] == "restarted 1x: rank 1 hung at step 5"
+    resumed = next(r for r in metrics(run) if r["attempt"] == 1)
+    print(f"\nslurm: hang -> restarted attempt's rank 0 up: {rows[0]['time'] - hang['time'] + hang['silent_s']:.1f} s; "
+          f"resumed at step {resumed['step']} from checkpoint step {resumed['started_at']}")
