@@ -26,8 +26,8 @@ from pathlib import Path
 from automodel_hydra.schema import UserError
 
 #: Top-level sections that belong to the launcher, never to an AutoModel recipe.
-LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "launcher", "profile", "hydra",
-                               "dry_run"})
+LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "fault_tolerance", "launcher",
+                               "profile", "hydra", "dry_run"})
 
 #: The key AutoModel's model builders (``NeMoAutoModelFor*.from_pretrained``, ``NeMoAutoTokenizer``, the KD
 #: teacher) take a Hub id or local dir under.

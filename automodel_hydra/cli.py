@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -268,7 +269,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                      # the scheduler's name for it (sbatch --job-name, SkyPilot's task name; locally Hydra's)
                      "name": rec.get("job_name") or "-",
                      "job_ids": job_ids(rec), "state": info.state.value,
-                     "note": _note(info.state, info.reason),
+                     "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state)) if x),
                      "job_dir": rec["job_dir"]})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -380,6 +381,8 @@ class Curve:
     losses: list[float]
     val_steps: list[int]
     val_losses: list[float]
+    #: the first step logged after each in-job restart (fault tolerance: ``launch/ft/attempts.jsonl``)
+    restarts: list[int] = dataclasses.field(default_factory=list)
 
 
 def curve(metrics: list[dict[str, tp.Any]]) -> Curve:
@@ -387,6 +390,20 @@ def curve(metrics: list[dict[str, tp.Any]]) -> Curve:
     train = [(m["step"], m["loss"]) for m in metrics if isinstance(m.get("loss"), (int, float))]
     val = [(m["step"], m["val_loss"]) for m in metrics if isinstance(m.get("val_loss"), (int, float))]
     return Curve([s for s, _ in train], [v for _, v in train], [s for s, _ in val], [v for _, v in val])
+
+
+def restart_steps(metrics: list[dict[str, tp.Any]], job_dir: Path) -> list[int]:
+    """The first step logged after each in-job restart of the job (by time: the restarted attempt's rank 0 records
+    when it started, :func:`automodel_hydra.fault_tolerance.record_attempt`)."""
+    from automodel_hydra import fault_tolerance
+
+    steps = []
+    for row in fault_tolerance.attempts(Path(job_dir) / "launch"):
+        after = [m["step"] for m in metrics if isinstance(m.get("time"), (int, float))
+                 and m["time"] >= float(row.get("time", 0))]
+        if after:
+            steps.append(min(after))
+    return steps
 
 
 def report_title(root: Path, records: list[Record]) -> str:
@@ -417,6 +434,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                      "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s")),
                      "world_size": result.get("world_size", last.get("world_size"))})
         c = curve(metrics)
+        c.restarts = restart_steps(metrics, job_dir)
         if c.steps or c.val_steps:
             curves[f"{job_num(rec)}: {labels[job_num(rec)]}"] = c
     csv_path = out_dir / "final_metrics.csv"
@@ -465,8 +483,9 @@ def write_curves(curves: dict[str, Curve], path: Path) -> Path:
 
 
 def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
-    """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them) and
-    the validation loss where there is one (dashed, square markers). Drawn with matplotlib's Agg backend (no
+    """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them), the
+    validation loss where there is one (dashed, square markers) and a dotted vertical line where training resumed
+    after each in-job restart. Drawn with matplotlib's Agg backend (no
     display needed); ``title`` is also stored as the PNG's ``Title`` text."""
     import matplotlib
 
@@ -481,6 +500,9 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
         if c.val_steps:
             ax.plot(c.val_steps, c.val_losses, linestyle="--", marker="s", markersize=4, color=line.get_color(),
                     label=f"{label} (validation)")
+        for i, step in enumerate(c.restarts):  # in-job restarts (fault tolerance): where training resumed
+            ax.axvline(step, linestyle=":", color=line.get_color(), alpha=0.8,
+                       label=f"{label} (in-job restart)" if i == 0 else None)
     has_val = any(c.val_steps for c in curves.values())
     ax.set(xlabel="step", ylabel="loss (nats/token)",
            title=title + ("\ntraining loss (solid), validation loss (dashed)" if has_val else "\ntraining loss"))
@@ -533,6 +555,22 @@ def build_parser() -> argparse.ArgumentParser:
 NEVER_REASONS = ("PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionNodeLimit", "PartitionTimeLimit",
                  "ReqNodeNotAvail", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
                  "BadConstraints", "DependencyNeverSatisfied", "JobHeldAdmin", "AssocMaxJobsLimit")
+
+
+def _ft_note(record: Record, state: JobState) -> str:
+    """What fault tolerance recorded in the job dir since the job was submitted (every launcher whose ranks write
+    there): ``"restarted 1x: rank 1 hung at step 5"``, and for a failed job the hang that ended it."""
+    from automodel_hydra import fault_tolerance
+
+    launch = Path(record["job_dir"]) / "launch"
+    if not fault_tolerance.evidence_dir(launch).is_dir():
+        return ""
+    since = float((record.get("ref") or {}).get("started_at") or 0.0)
+    if not since and record.get("submitted_at"):
+        with contextlib.suppress(ValueError):
+            since = datetime.datetime.fromisoformat(record["submitted_at"]).timestamp()
+    hang = fault_tolerance.final_hang(launch, since) if state is JobState.FAILED else None
+    return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch, since)) if x)
 
 
 def _note(state: JobState, reason: str) -> str:

@@ -6,7 +6,8 @@ Sections and where their schema lives:
   ``restore_from``, ``profile``): here;
 * each launcher's section in a schema module beside its backend, which imports no backend (so neither this module
   nor a rank loads one): ``interactive`` in :mod:`automodel_hydra.backends.interactive_config`, ``slurm`` in
-  :mod:`automodel_hydra.backends.slurm_config`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot_config`.
+  :mod:`automodel_hydra.backends.slurm_config`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot_config`;
+* ``fault_tolerance`` (every launcher) in :mod:`automodel_hydra.fault_tolerance`.
 
 Defaults live once, in these dataclasses (the YAML files under ``conf/`` only select). Bad input is caught twice
 before anything is submitted or started:
@@ -38,6 +39,7 @@ from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
 from automodel_hydra.backends.slurm_config import SlurmConfig
 from automodel_hydra.envvars import Ref, expand, split
+from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.schema import ConfigError, at_least, require
 
 #: The launcher sections: which one is present decides where the job runs (none = interactive).
@@ -224,6 +226,8 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     dist_env: DistEnvConfig = field(default_factory=DistEnvConfig)
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
+    # ft_launcher: heartbeats, hang detection, in-job restarts, on every launcher (docs/fault-tolerance.md)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     slurm: tp.Optional[SlurmConfig] = None
     skypilot: tp.Optional[SkyPilotConfig] = None
     # the code every rank runs: null = this bundled recipe; an AutoModel recipe class (a bare name such as
@@ -239,6 +243,10 @@ class TrainConfig:
                               "slurm: or the skypilot: section (or choose launcher=slurm|skypilot|interactive)")
         if self.slurm is not None and self.slurm.nsys_enabled:
             self.profile.nsys.enabled = True
+        if self.fault_tolerance.enabled and self.interactive.max_restarts not in (0, self.fault_tolerance.max_restarts):
+            raise ConfigError("interactive.max_restarts", self.interactive.max_restarts,
+                              "with fault_tolerance.enabled=true the worker group restarts "
+                              f"fault_tolerance.max_restarts={self.fault_tolerance.max_restarts} times: set that one")
 
     @property
     def backend(self) -> str:
@@ -266,7 +274,8 @@ class TrainConfig:
 
 #: The sections this product reads whatever the recipe; with a recipe other than the bundled one, every other
 #: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
-LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", *LAUNCHER_SECTIONS, "recipe")
+LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", "fault_tolerance", *LAUNCHER_SECTIONS,
+               "recipe")
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -605,7 +614,7 @@ def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
     recipe's resolved, another recipe's as written (its ``recipe:`` key included) — plus ``output_dir``,
     ``seed``, ``profile`` and ``dist_env``."""
     spec = dataclasses.asdict(cfg)
-    for section in ("interactive", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
+    for section in ("interactive", "fault_tolerance", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
         spec.pop(section, None)
     if cfg.bundled:
         spec.pop("recipe", None)

@@ -184,14 +184,24 @@ def signal_ranks(head: int, signum: int = signal.SIGTERM, *, head_is_rank: bool 
     start each rank in a session of its own, so the head's process group does not hold them). Signalling the
     ranks, not the head, lets each checkpoint and end cleanly, and the head exit by itself without the traceback
     torchrun prints when it is signalled. ``head_is_rank`` (a call job, one process), or no child found: the
-    head's process group instead."""
-    kids = [] if head_is_rank else children(head)
+    head's process group instead. A child with the head's own command line is a forked helper, not a rank
+    (ft_launcher's rank monitors, which the head ends itself: signalled, they die and the ranks' heartbeats fail
+    mid-checkpoint), and is left to the head."""
+    head_argv = _cmdline(head)
+    kids = [] if head_is_rank else [pid for pid in children(head) if _cmdline(pid) != head_argv]
     for pid in kids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
     if not kids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(head, signum)
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def kill_all(head: int, known: tp.Iterable[int] = ()) -> list[int]:

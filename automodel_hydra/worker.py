@@ -34,6 +34,8 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra import heartbeat
+
 log = logging.getLogger("automodel_hydra.worker")
 
 #: ``launch/cancelled``: written by a local cancel (automodel_hydra.backends.interactive) before it signals the ranks.
@@ -228,8 +230,12 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         with init_distributed(env, timeout_minutes=cfg.dist_env.timeout_minutes) as dist_env:
             log.info("%r on %s", env, dist_env.device)
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
-            result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
-                                        should_stop=stop, output_dir=cfg.output_dir)
+            start_heartbeats(Path(job_file).parent, env.rank)
+            try:
+                result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
+                                            should_stop=stop, output_dir=cfg.output_dir)
+            finally:
+                heartbeat.uninstall()
             if result.get("stopped_early"):
                 in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals
@@ -294,6 +300,21 @@ def failure_cause(error: BaseException) -> Exception:
             return cause
     text = next((line for line in str(error).splitlines() if line.strip()), "")
     return RuntimeError(f"{type(error).__name__}: {text}")
+
+
+def start_heartbeats(launch_dir: Path, rank: int) -> None:
+    """Under ``ft_launcher``: one heartbeat per optimizer step and the hung-rank watchdog
+    (:func:`automodel_hydra.heartbeat.install`); rank 0 of a restarted attempt records it and why the previous
+    attempt ended (``launch/ft/attempts.jsonl``). Elsewhere nothing."""
+    if not heartbeat.under_ft_launcher():
+        return
+    from automodel_hydra import fault_tolerance
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if rank == 0 and attempt > 0:
+        fault_tolerance.record_attempt(launch_dir, attempt, time.time())
+        log.warning("in-job restart %d: %s", attempt, fault_tolerance.restart_reason(launch_dir, attempt - 1))
+    heartbeat.install(launch_dir, rank)
 
 
 def error_file(launch_dir: Path, rank: int) -> Path:

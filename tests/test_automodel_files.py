@@ -35,7 +35,7 @@ def squad() -> dict[str, tp.Any]:
 
 def test_split_sections_separates_launcher_from_recipe() -> None:
     cfg = {"slurm": {"nodes": 2}, **squad(), "skypilot": {"cloud": "aws"}, "hydra": {}, "dry_run": True,
-           "nemo_run": {}, "interactive": {}, "launcher": "slurm", "profile": {"nsys": {}}}
+           "nemo_run": {}, "interactive": {}, "fault_tolerance": {}, "launcher": "slurm", "profile": {"nsys": {}}}
     launcher, recipe = split_sections(cfg)
     assert set(launcher) == LAUNCHER_SECTIONS
     assert list(recipe) == list(squad())  # order kept: recipe, step_scheduler, dist_env, rng, model, ...

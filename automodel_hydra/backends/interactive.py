@@ -27,6 +27,7 @@ import fcntl
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +38,7 @@ import typing as tp
 from concurrent.futures import Future
 from pathlib import Path
 
-from automodel_hydra import stops
+from automodel_hydra import fault_tolerance, stops
 from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
@@ -51,6 +52,7 @@ from automodel_hydra.plan import (
     JobResult,
     JobSpec,
     Plan,
+    PreflightError,
     Submission,
     SubmitError,
     call_argv,
@@ -80,6 +82,15 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def find_ft_launcher() -> str | None:
+    """``ft_launcher`` beside this Python (the venv's console script, whether or not the venv is activated), else
+    on PATH; None when neither has one."""
+    beside = Path(sys.executable).parent / fault_tolerance.LAUNCHER
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(fault_tolerance.LAUNCHER)
 
 
 def cpu_cores() -> list[int]:
@@ -132,10 +143,11 @@ class Devices:
 
     gpus: int
     cpus: tuple[int, ...]
+    ft_launcher: str | None = None  # find_ft_launcher(), when a job has fault tolerance
 
     @classmethod
-    def here(cls) -> Devices:
-        return cls(cuda_device_count(), tuple(cpu_cores()))
+    def here(cls, ft_launcher: str | None = None) -> Devices:
+        return cls(cuda_device_count(), tuple(cpu_cores()), ft_launcher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +161,7 @@ class Request:
     env: tuple[tuple[str, str], ...]  # hydra.job.env_set
     workdir: str | None
     kill_wait_s: float = stops.DEFAULT_KILL_WAIT_S  # interactive.kill_wait_s
+    launcher: str = "torchrun"  # or "ft_launcher" (fault_tolerance.enabled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +331,8 @@ class _Scheduler:
                     free += devices
                     if port is not None:
                         ports.discard(port)
-                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i]))
+                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i],
+                                                       self.started_at))
 
     def _start(self, i: int, devices: list[tp.Any], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
@@ -334,8 +348,8 @@ class _Scheduler:
         if plan.job.call is not None:
             log.info("job %s: one process%s", plan.job.job_num or 0, f", devices {devices}" if packed else "")
         else:
-            log.info("job %s: torchrun with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
-                     plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
+            log.info("job %s: %s with %d worker(s), rendezvous port %s%s", plan.job.job_num or 0,
+                     plan.request.launcher, plan.request.nproc, port or "picked by the OS (rank 0 logs it)",
                      f", devices {devices}" if packed else "")
         script = _script(plan)
         out = open(plan.job.launch_dir / _out_name(plan), "ab") if self.quiet else None  # noqa: SIM115
@@ -380,11 +394,15 @@ def _out_name(plan: Plan[Request]) -> str:
     return _script(plan).replace(".sh", ".out")
 
 
-def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]]) -> JobResult:
+def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]],
+            started_at: float) -> JobResult:
     """How a local job ended: COMPLETED when torchrun exited 0 and the result file carries this launch's id
     (:func:`automodel_hydra.plan.written_by_this_launch`), else CANCELLED/FAILED with the rank's own error."""
     value = read_result(plan.job)
+    restarts = fault_tolerance.restart_summary(plan.job.launch_dir, started_at)  # "" without in-job restarts
     if returncode == 0 and value is not None and written_by_this_launch(plan.job):
+        if restarts:
+            log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
         return JobResult(JobState.COMPLETED, value)
     tail = ""
     out = plan.job.launch_dir / _out_name(plan)
@@ -400,8 +418,11 @@ def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[
                 return JobResult(state, error=f"cancelled: {how}", stop=how)
     if returncode == 0 and value is not None:
         tail = f"\n{plan.job.result_file} is an earlier launch's (its run_id is not launch/run_id's){tail}"
-    why = rank_error(plan.job, stamps)  # the rank's own exception, quoted in the command's last line
-    what = "the call's process" if plan.job.call is not None else "torchrun"
+    # what ended it, quoted in the command's last line: a hung rank (fault tolerance), else the rank's exception
+    why = fault_tolerance.final_hang(plan.job.launch_dir, started_at) or rank_error(plan.job, stamps)
+    if restarts:
+        why = f"{why + '; ' if why else ''}{restarts}"
+    what = "the call's process" if plan.job.call is not None else plan.request.launcher
     return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
                                   f"(job dir {plan.job.job_dir}){tail}")
 
@@ -422,7 +443,12 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         for cfg in cfgs:  # the ranks run here: every path they read or write can be checked now
             for problem in [*host_problems(cfg), *write_problems(cfg)]:
                 raise problem
-        return Devices.here()
+        ft_launcher = None
+        if any(cfg.fault_tolerance.enabled for cfg in cfgs):
+            ft_launcher = find_ft_launcher()
+            if ft_launcher is None:
+                raise PreflightError(fault_tolerance.missing_launcher_line("beside this Python or on PATH"))
+        return Devices.here(ft_launcher)
 
     def world_size(self, cfg: TrainConfig, facts: Devices | None = None) -> int:
         devices = facts or Devices.here()  # none: planned without a preflight (tests of planning alone)
@@ -442,8 +468,11 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
         worker = worker_argv(job, python=sys.executable)
         prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-                    f"--max_restarts={ic.max_restarts}", "--rdzv-backend=c10d",
+        ft = cfg.fault_tolerance
+        # ft_launcher takes torchrun's options (and the same rendezvous) plus its own, --max-restarts included
+        launcher = ([devices.ft_launcher or fault_tolerance.LAUNCHER, *fault_tolerance.ft_args(ft)] if ft.enabled else
+                    [sys.executable, "-m", "torch.distributed.run", f"--max_restarts={ic.max_restarts}"])
+        torchrun = [*launcher, "--nnodes=1", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
                     # each rank's error file (torch's `record`) lands here: torchrun's Root Cause and our last line
                     f"--log-dir={job.launch_dir / TORCHRUN_LOG_DIR}"]
         # torchrun -m runs `python -m`; with a profiler prefix it must run an executable instead (--no-python)
@@ -451,7 +480,8 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         lines = [
             "#!/usr/bin/env bash",
             # !r: a newline in the job name (hydra.job.name) would end the comment and run the rest as code
-            f"# {job.job_name!r}: torchrun on this node, {nproc} worker(s). Planned by automodel-hydra.",
+            f"# {job.job_name!r}: {'ft_launcher' if ft.enabled else 'torchrun'} on this node, {nproc} worker(s). "
+            "Planned by automodel-hydra.",
             "# Rendezvous port: AUTOMODEL_RDZV_PORT (interactive.master_port, moved to a free one at start), or 0: "
             "the",
             "# rendezvous store binds a port the OS picks, so jobs on one host never collide. Rank 0 logs the port.",
@@ -467,7 +497,8 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             "",
         ]
         request = Request(nproc, ic.master_port, ic.max_parallel, gpus > 0, job.env,
-                          str(job.workdir) if job.workdir else None, ic.kill_wait_s)
+                          str(job.workdir) if job.workdir else None, ic.kill_wait_s,
+                          "ft_launcher" if ft.enabled else "torchrun")
         return Plan(self.name, job, {SCRIPT: "\n".join(lines)}, request, wait=True, group_key=(ic.max_parallel,))
 
     def plan_call(self, cfg: TrainConfig, job: JobSpec, devices: Devices) -> Plan[Request]:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from automodel_hydra import fault_tolerance
 from automodel_hydra.backends.skypilot_config import CANNOT_STOP as CANNOT_STOP
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS as SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig as SkyPilotConfig
@@ -49,6 +50,7 @@ from automodel_hydra.backends.skypilot_sdk import TASK_FILE as TASK_FILE
 from automodel_hydra.backends.skypilot_sdk import SkyPilotPlanError as SkyPilotPlanError
 from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
+from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix
 from automodel_hydra.schema import ConfigError, require
@@ -168,24 +170,41 @@ def render_setup(user: str | None, install: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_run(key: str, nproc: int, master_port: int, worker: list[str], prefix: list[str], out_dir: str) -> str:
+def render_run(key: str, nproc: int, master_port: int, worker: list[str], prefix: list[str], out_dir: str,
+               ft: FaultToleranceConfig | None = None) -> str:
     """The task's ``run``, identical on every node: torchrun over ``$SKYPILOT_NUM_NODES`` nodes, this node's rank
     ``$SKYPILOT_NODE_RANK``, master = first line of the newline-separated ``"$SKYPILOT_NODE_IPS"`` (quoted: an
     unquoted ``echo`` would join the lines). Node 0 then prints ``result.json`` on one line after
-    :data:`RESULT_MARK`, which :func:`wait` reads back from the job's log (the final loss for Hydra's sweeper)."""
+    :data:`RESULT_MARK`, which :func:`wait` reads back from the job's log (the final loss for Hydra's sweeper).
+
+    With ``ft`` (``fault_tolerance.enabled``): ``ft_launcher`` instead, one per node, meeting through c10d
+    rendezvous at the master's ``master_port`` (``--rdzv-id`` = ``$SKYPILOT_TASK_ID``, SkyPilot's id of the task,
+    the same on every node), restarting the worker group in place on a hang or a failed rank; a managed job's
+    recovery after a preemption comes on top, as without it. A node without ``ft_launcher`` stops at once with
+    one line."""
     tail = ["--no-python", *prefix, "python", "-u", *worker] if prefix else worker
     result = _sh(f"{out_dir}/result.json")
+    what = "ft_launcher" if ft is not None else "torchrun"
+    if ft is None:
+        launch = ('torchrun --nnodes="$SKYPILOT_NUM_NODES" --node_rank="$SKYPILOT_NODE_RANK" '
+                  f'--nproc_per_node={nproc} --master_addr="$MASTER_ADDR" --master_port={master_port} ')
+        check = []
+    else:
+        launch = (" ".join(["ft_launcher", *fault_tolerance.ft_args(ft)]) + ' --nnodes="$SKYPILOT_NUM_NODES" '
+                  f'--nproc-per-node={nproc} --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:{master_port}" '
+                  '--rdzv-id="$SKYPILOT_TASK_ID" ')
+        line = "error: " + fault_tolerance.missing_launcher_line("on this node")
+        check = [f"command -v ft_launcher >/dev/null || {{ echo {_sh(line)} >&2; exit 1; }}"]
     return "\n".join([
         "set -euo pipefail",
-        f"# {key}: torchrun on each of $SKYPILOT_NUM_NODES nodes, {nproc} worker(s) per node (automodel-hydra)",
+        f"# {key}: {what} on each of $SKYPILOT_NUM_NODES nodes, {nproc} worker(s) per node (automodel-hydra)",
         'export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"',
         "export PYTHONUNBUFFERED=1",
+        *check,
         "MASTER_ADDR=$(printf '%s\\n' \"$SKYPILOT_NODE_IPS\" | head -n1)",
         'echo "node $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES: master $MASTER_ADDR:' + str(master_port) + '"',
         f"mkdir -p {_sh(out_dir)}",
-        'torchrun --nnodes="$SKYPILOT_NUM_NODES" --node_rank="$SKYPILOT_NODE_RANK" '
-        f'--nproc_per_node={nproc} --master_addr="$MASTER_ADDR" --master_port={master_port} '
-        + " ".join(_sh(a) for a in tail),
+        launch + " ".join(_sh(a) for a in tail),
         f'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then echo "{RESULT_MARK}$(tr -d \'\\n\' < {result})"; fi',
         "",
     ])
@@ -233,10 +252,12 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     elif sc.num_nodes > 1:
         warnings.warn(f"skypilot.checkpoint_bucket=null with skypilot.num_nodes={sc.num_nodes}: each node keeps its "
                       "own checkpoint files; resuming needs a bucket shared by all nodes", stacklevel=2)
-    install = f"{PROJECT_INSTALL} ."
+    ft = cfg.fault_tolerance if cfg.fault_tolerance.enabled else None
+    extra = f"[{fault_tolerance.EXTRA}]" if ft is not None else ""  # ft_launcher on every node
+    install = f"{PROJECT_INSTALL} {_sh('.' + extra)}"
     if sc.workdir is not None:  # the workdir is the user's: this project travels beside it
         file_mounts[PROJECT_MOUNT] = str(job.project_root)
-        install = f"{PROJECT_INSTALL} {_sh(PROJECT_MOUNT + '/')}"
+        install = f"{PROJECT_INSTALL} {_sh(PROJECT_MOUNT + '/' + extra)}"
 
     env = task_env(sc.env_vars, {f: getattr(sc, f) for f in SECRET_FIELDS}, sc.hf_home, job.env, facts.set_vars)
     worker = ["-m", "automodel_hydra.worker", job_file, "--log-file", f"{out}/{job.job_name}.log"]
@@ -252,7 +273,7 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
             "secrets": {e.name: None for e in env if e.secret} or None,
             "setup": render_setup(sc.setup, install)}
     task = {k: v for k, v in task.items() if v is not None}
-    task["run"] = render_run(key, sc.nproc, sc.master_port, worker, prefix, out)
+    task["run"] = render_run(key, sc.nproc, sc.master_port, worker, prefix, out, ft)
 
     # on-demand: skypilot.cluster_name (a sweep point adds -<num>: one cluster each) or the key
     cluster = sc.cluster_name and (sc.cluster_name if job.job_num is None else f"{sc.cluster_name}-{job.job_num}")

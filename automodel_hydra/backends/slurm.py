@@ -14,6 +14,11 @@ What each srun task runs: the plain worker command, ``python -u -m automodel_hyd
 * the coordinated checkpoint on USR2/SIGTERM is the worker's (every rank, one step);
 * a job array needs no per-task pickle in place before it starts: task i reads ``job_dirs[i]``.
 
+With ``fault_tolerance.enabled=true`` srun runs one task per node (``--ntasks-per-node=1``), ``ft_launcher``,
+which starts that node's ``ntasks_per_node`` ranks; the launchers meet through c10d rendezvous at MASTER_ADDR:
+MASTER_PORT (``--rdzv-id`` = the job id) and restart the worker group in place, in the same allocation and job
+(docs/fault-tolerance.md). Once those restarts are spent, the job fails and the rules below apply as without it.
+
 Rank 0 writes ``<job dir>/result.json`` (atomically) and :meth:`Slurm.wait` reads it once the job's state is
 COMPLETED.
 
@@ -49,6 +54,7 @@ import typing as tp
 import warnings
 from pathlib import Path
 
+from automodel_hydra import fault_tolerance
 from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODEL_DEFAULTS
 from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
 from automodel_hydra.backends.slurm_config import SlurmConfig as SlurmConfig
@@ -65,6 +71,7 @@ from automodel_hydra.backends.slurm_script import (
 from automodel_hydra.bootstrap import PORT_SPAN
 from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (
+    TORCHRUN_LOG_DIR,
     Backend,
     Batch,
     JobResult,
@@ -301,14 +308,32 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
         setup.append(f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir")
     if sc.chdir is not None:
         setup.append(f"cd {shlex.quote(sc.chdir)}  # slurm.chdir")
-    prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="SLURM_PROCID")
+    ft = cfg.fault_tolerance.enabled and not call
+    prefix = nsys_prefix(cfg.profile.nsys, _JOB_DIR, job.job_name, rank_var="RANK" if ft else "SLURM_PROCID")
     argv = call_argv(spec, python=python) if call else worker_argv(spec, python=python)
     command = " ".join(_sh(a) for a in [*prefix, *argv])
+    ft_srun: tuple[str, ...] = ()
+    if ft:  # one ft_launcher per node starts the node's ranks (docs/fault-tolerance.md)
+        launcher = "ft_launcher" if in_container else str(Path(python).parent / "ft_launcher")
+        if not in_container:  # the nodes share this machine's install (bare metal): found here, missing is one line
+            line = fault_tolerance.missing_launcher_line(f"at {launcher} on the nodes")
+            setup.append(f"[ -x {shlex.quote(launcher)} ] || {{ echo {shlex.quote('error: ' + line)} | tee -a "
+                         f"{_sh(str(spec.log_file))} >&2; exit 1; }}")
+        setup.append("# fault tolerance: in-job restarts keep the allocation, the job id and the rendezvous")
+        command = " ".join([_sh(launcher), *map(_sh, fault_tolerance.ft_args(cfg.fault_tolerance)),
+                            f"--nnodes={sc.nodes}", f"--nproc-per-node={sc.ntasks_per_node}", "--rdzv-backend=c10d",
+                            '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"', '--rdzv-id="${SLURM_JOB_ID}"',
+                            # each launcher makes its own <run id>_<random>/ under it: nodes never collide
+                            _sh(f"--log-dir={spec.launch_dir / TORCHRUN_LOG_DIR}"),
+                            *(["--no-python"] if prefix else []),
+                            " ".join(_sh(a) for a in ([*prefix, *argv] if prefix else argv[2:]))])
+        ft_srun = (f"--ntasks={sc.nodes}", "--ntasks-per-node=1",
+                   ShellWord('--cpus-per-task="${SLURM_CPUS_ON_NODE}"'))
     directives = tuple((k, v) for k, v in _directives(sc, automodel=cfg.automodel) if not (call and k == "signal"))
     return Request(sbatch=directives, array_parallelism=sc.array_parallelism, setup=tuple(setup),
                    container_image=sc.container_image, mounts=tuple(mounts),
                    mount_hf_home=in_container and bool(hf_home),
-                   srun_args=(*(("--ntasks=1",) if call else ()), *sc.srun_args),
+                   srun_args=(*(("--ntasks=1",) if call else ()), *ft_srun, *sc.srun_args),
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
@@ -639,14 +664,22 @@ def _fresh_result(sub: Submission[SlurmRef]) -> bool:
 
 def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if state is JobState.COMPLETED and _fresh_result(sub):
+        restarted = fault_tolerance.restart_summary(sub.plan.job.launch_dir, sub.ref.submitted_at)
+        if restarted:
+            log.warning("slurm job %s completed, %s", sub.ref.job_id, restarted)
         return JobResult(JobState.COMPLETED, read_result(sub.plan.job))
     tail = ""
     if sub.log_path and Path(sub.log_path).exists():
         tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
     why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
-    failed_rank = rank_error(sub.plan.job, sub.error_stamps)
+    # a hung rank (fault tolerance: its stack is in launch/ft/), else the failed rank's exception
+    failed_rank = (fault_tolerance.final_hang(sub.plan.job.launch_dir, sub.ref.submitted_at)
+                   or rank_error(sub.plan.job, sub.error_stamps))
     if failed_rank:
         why = f"{failed_rank}; {why}"
+    restarts = fault_tolerance.restart_summary(sub.plan.job.launch_dir, sub.ref.submitted_at)
+    if restarts:
+        why = f"{why}; {restarts}"
     return JobResult(JobState.FAILED if state is JobState.COMPLETED else state,
                      error=f"job {sub.ref.job_id}: {why} (log {sub.log_path}){tail}")
 
