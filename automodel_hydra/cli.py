@@ -499,11 +499,23 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
 # ----------------------------------------------------------------------------------------------- entry point
 
 
+def version() -> str:
+    """This package's version as installed (its metadata: the one home is pyproject.toml), or "unknown" when run
+    from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("automodel-hydra")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     usage, about = __doc__.split("\n\n")[1:3]
     parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
                                      description="Operate runs and sweeps after launch.\n\n" + usage,
                                      epilog=about.replace("``", ""))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"
     p = sub.add_parser("runs", help="past runs and sweeps under ./outputs and ./multirun, newest first")
@@ -562,17 +574,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch_file(path: str, rest: list[str]) -> int:
-    """``automodel-hydra F.yaml [overrides]``: ``python train.py`` on the file, unchanged
-    (:mod:`automodel_hydra.argv`)."""
+    """``automodel-hydra F.yaml [overrides]``: the Hydra app (``python -m automodel_hydra.train``, what
+    ``python train.py`` runs) on the file, unchanged (:mod:`automodel_hydra.argv`); a module of this package, so a
+    wheel install runs it too."""
     from automodel_hydra import argv
 
-    train_py = Path(__file__).resolve().parents[1] / "train.py"
     try:
         args = argv.from_file(path, rest)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.execv(sys.executable, [sys.executable, str(train_py), *args])
+    os.execv(sys.executable, [sys.executable, "-m", "automodel_hydra.train", *args])
 
 
 if __name__ == "__main__":
