@@ -609,13 +609,10 @@ class SkyPilot(Backend[Request, SkyRef]):
         change of state (recoveries included). COMPLETED carries node 0's ``result.json`` read back from the job's
         log (:data:`RESULT_MARK`). After ``retries`` failed queries in a row the jobs are reported UNKNOWN. Ctrl-C
         stops waiting, not the jobs (the message says how to cancel them)."""
-        from automodel_hydra.backends import skypilot_bridge, skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge
 
-        if skypilot_bridge.sky_python() is None:
-            return skypilot_sdk.wait(subs, POLL_S if poll_s is None else poll_s, retries)
-        return skypilot_sdk.wait(subs, POLL_S if poll_s is None else poll_s, retries,
-                                 lambda refs: skypilot_bridge.call("raw_states", refs),
-                                 lambda ref: skypilot_bridge.call("fetch_result", ref))
+        return tp.cast(list[JobResult], skypilot_bridge.call("wait", list(subs), POLL_S if poll_s is None else poll_s,
+                                                             retries))
 
     def states(self, refs: tp.Sequence[SkyRef]) -> list[StateInfo]:
         """Each job's state from SkyPilot. Never starts SkyPilot's API server (its SDK starts a local one, ~1 GB in

@@ -247,19 +247,16 @@ def launch(rq: Request, access: dict[str | None, str | None]) -> SkyRef:
                   None if rq.managed else rq.cluster_name)
 
 
-def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int,
-         states: tp.Callable[[tp.Sequence[SkyRef]], list[str]] = raw_states,
-         result: tp.Callable[[SkyRef], dict[str, tp.Any] | None] = fetch_result) -> list[JobResult]:
-    """:meth:`SkyPilot.wait <automodel_hydra.backends.skypilot.SkyPilot.wait>`: poll every ``poll_s`` seconds,
-    asking ``states`` and ``result`` (this process's SDK, or :func:`~automodel_hydra.backends.skypilot_bridge.call`
-    in SkyPilot's own Python)."""
+def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int) -> list[JobResult]:
+    """:meth:`SkyPilot.wait <automodel_hydra.backends.skypilot.SkyPilot.wait>`: poll every ``poll_s`` seconds (in
+    one process, so through the bridge ``sky`` is imported once per wait, not once per poll)."""
     results: dict[int, JobResult] = {}
     last: dict[int, str] = {}
     failures = 0
     while len(results) < len(subs):
         pending = [i for i in range(len(subs)) if i not in results]
         try:
-            raw, failures = states([subs[i].ref for i in pending]), 0
+            raw, failures = raw_states([subs[i].ref for i in pending]), 0
         except Exception as e:  # API server unreachable, cluster already torn down, ...
             raw, failures = [], failures + 1
             log.warning("cannot query SkyPilot (%d/%d): %s", failures, retries, e)
@@ -272,7 +269,7 @@ def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int,
                 log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
                 last[i] = name
             if state is JobState.COMPLETED:
-                results[i] = JobResult(state, result(s.ref) or {"sky_status": name})
+                results[i] = JobResult(state, fetch_result(s.ref) or {"sky_status": name})
             elif state.final:
                 results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
         if len(results) < len(subs):
