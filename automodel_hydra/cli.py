@@ -470,8 +470,12 @@ def write_curves(curves: dict[str, Curve], path: Path) -> Path:
 def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
     """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them) and
     the validation loss where there is one (dashed, square markers). Drawn with matplotlib's Agg backend (no
-    display needed); ``title`` is also stored as the PNG's ``Title`` text."""
-    import matplotlib
+    display needed); ``title`` is also stored as the PNG's ``Title`` text. Raises CliError naming the ``report``
+    extra when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise CliError("the loss plot needs matplotlib: pip install 'automodel-hydra[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
