@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from automodel_hydra.schema import UserError
+from automodel_hydra import quiet
 
 #: Top-level sections that belong to the launcher, never to an AutoModel recipe.
 LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "fault_tolerance", "launcher",
@@ -124,6 +125,7 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
     ``allow_unset_env=True`` accepts a variable that is unset here (one that only the compute nodes set).
 
     Raises RecipeSectionError naming the dotted key and AutoModel's reason."""
+    quiet.install()
     try:
         from nemo_automodel.components.config.loader import ConfigNode
     except ImportError:
@@ -235,6 +237,7 @@ def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool
 def _expand(value: str) -> str | None:
     if "$" not in value:
         return value
+    quiet.install()
     try:
         from nemo_automodel.components.config.loader import resolve_yaml_env_vars
     except ImportError:

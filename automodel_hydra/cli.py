@@ -485,9 +485,12 @@ def write_curves(curves: dict[str, Curve], path: Path) -> Path:
 def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
     """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them), the
     validation loss where there is one (dashed, square markers) and a dotted vertical line where training resumed
-    after each in-job restart. Drawn with matplotlib's Agg backend (no
-    display needed); ``title`` is also stored as the PNG's ``Title`` text."""
-    import matplotlib
+    after each in-job restart. Drawn with matplotlib's Agg backend (no display needed); ``title`` is also stored as
+    the PNG's ``Title`` text. Raises CliError naming the ``report`` extra when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise CliError("the loss plot needs matplotlib: pip install 'automodel-hydra[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -518,12 +521,24 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
 # ----------------------------------------------------------------------------------------------- entry point
 
 
+def version() -> str:
+    """This package's version as installed (its metadata: the one home is pyproject.toml), or "unknown" when run
+    from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("automodel-hydra")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     usage, about = __doc__.split("\n\n")[1:3]
     parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
                                      description="Run a config file, and operate runs and sweeps after launch."
                                                  "\n\n" + usage,
                                      epilog=about.replace("``", ""))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"
     p = sub.add_parser("runs", help="past runs and sweeps under ./outputs and ./multirun, newest first")
@@ -609,13 +624,12 @@ def launch_file(args: list[str]) -> int:
     AutoModel: one line, status 2."""
     from automodel_hydra import argv
 
-    train_py = Path(__file__).resolve().parents[1] / "train.py"
     try:
         args = argv.from_automodel_cli(args)
     except (FileNotFoundError, argv.UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.execv(sys.executable, [sys.executable, str(train_py), *args])
+    os.execv(sys.executable, [sys.executable, "-m", "automodel_hydra.train", *args])
 
 
 if __name__ == "__main__":

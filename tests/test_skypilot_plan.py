@@ -25,7 +25,7 @@ from automodel_hydra.backends import skypilot, skypilot_sdk
 from automodel_hydra.bootstrap import DistEnv
 from automodel_hydra.plan import JobSpec, PreflightError
 from automodel_hydra.schema import ConfigError
-from tests.helpers import ROOT, compose_cfg
+from tests.helpers import ROOT, SKY_ELSEWHERE, compose_cfg
 
 GOLDEN = Path(__file__).parent / "golden"
 AUTOMODEL = Path(__file__).parent / "data" / "skypilot"  # AutoModel's examples' skypilot: blocks, unchanged
@@ -107,7 +107,7 @@ def sky(tmp_path_factory: pytest.TempPathFactory):
     """``import sky`` once for this module, with HOME in a temp dir (the import creates ~/.sky)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-        import sky as sky_module
+        sky_module = pytest.importorskip("sky", reason=SKY_ELSEWHERE)
 
         yield sky_module
 
@@ -547,3 +547,42 @@ def test_bad_input_fails_before_launch_naming_its_field(override: str, train_py_
     assert BAD[override] in proc.stdout, proc.stdout[-2000:]
     assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
     assert not (run_dir / "launch" / skypilot.TASK_FILE).exists()
+
+
+# ------------------------------------------------------------------ SkyPilot in its own interpreter (the bridge)
+
+
+def sky_python() -> str:
+    """An interpreter that has skypilot: .venv-sky's (scripts/setup makes it beside the automodel extra), else
+    this one when ``sky`` imports here; skips the test when there is none."""
+    other = ROOT / ".venv-sky" / "bin" / "python"
+    if other.exists():
+        return str(other)
+    pytest.importorskip("sky", reason=SKY_ELSEWHERE)
+    return sys.executable
+
+
+@pytest.mark.slow  # starts SkyPilot's Python three times (~3 s each: `import sky`)
+def test_bridge_checks_states_and_refuses_in_skypilots_own_python(tmp_path: Path, monkeypatch) -> None:
+    from automodel_hydra.backends import skypilot_bridge
+    from automodel_hydra.backends.interactive import free_port
+    from automodel_hydra.plan import PreflightError
+    from automodel_hydra.states import JobState
+
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(skypilot_bridge.ENV_VAR, sky_python())
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # `import sky` creates ~/.sky
+    monkeypatch.setenv("SKYPILOT_API_SERVER_LOCAL_PORT", str(free_port(47000 + os.getpid() % 2000)))
+    good = plan(load(CASES["2node_spot"], tmp_path))
+    skypilot.SkyPilot().check([good])  # SkyPilot's own schema and sky.Task, in its process
+    with pytest.raises(skypilot.SkyPilotPlanError, match="^SkyPilot rejects the planned task.*nodes") as e:
+        skypilot_bridge.call("validate_all", [good.request.task, {**good.request.task, "nodes": 2}])
+    assert "\n" not in str(e.value)
+    # no local API server runs: every state is UNKNOWN and says how to start one (none is started to ask)
+    (info,) = skypilot.SkyPilot().states([skypilot.SkyRef("5", None)])
+    assert info.state is JobState.UNKNOWN and "sky api start" in info.reason
+    assert not (tmp_path / "home" / ".sky" / "api_server").exists()
+    monkeypatch.setenv(skypilot_bridge.ENV_VAR, str(tmp_path / "nope" / "python"))
+    with pytest.raises(PreflightError, match=f"^{skypilot_bridge.ENV_VAR}=.*is not an executable file"):
+        skypilot.SkyPilot().check([good])

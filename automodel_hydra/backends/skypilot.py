@@ -402,11 +402,11 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
     def check(self, plans: tp.Sequence[Plan[Request]]) -> None:
         """SkyPilot's own schema and ``sky.Task`` construction for every planned task, and every shell reference
         expanded in this shell (values discarded); before anything is written or launched."""
-        from automodel_hydra.backends import skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge, skypilot_sdk
 
         for p in plans:
-            skypilot_sdk.validate(p.request.task)
             skypilot_sdk.launch_values(p.request, os.environ)
+        skypilot_bridge.call("validate_all", [p.request.task for p in plans])
 
     def batches(self, plans: tp.Sequence[Plan[Request]], sweep_dir: Path | None,
                 facts: Facts | None = None) -> list[Batch[Request]]:
@@ -425,10 +425,10 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
         """Launch one task (:func:`automodel_hydra.backends.skypilot_sdk.launch`): no credentials or no network
         fails in seconds with one line naming the cause and ``sky check``, and leaves no API server it started.
         Raises PreflightError, or SkyPilot's own error (e.g. setup failed)."""
-        from automodel_hydra.backends import skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge
 
         (p,) = batch.plans
-        ref = skypilot_sdk.launch(p.request, self._access)
+        ref = skypilot_bridge.call("launch", p.request, self._access)
         return [Submission(p, ref, log_path=ref.cli("logs"))]
 
     def wait(self, subs: tp.Sequence[Submission[SkyRef]], poll_s: float | None = None,
@@ -437,29 +437,28 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
         change of state (recoveries included). COMPLETED carries node 0's ``result.json`` read back from the job's
         log (:data:`RESULT_MARK`). After ``retries`` failed queries in a row the jobs are reported UNKNOWN. Ctrl-C
         stops waiting, not the jobs (the message says how to cancel them)."""
-        from automodel_hydra.backends import skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge
 
-        return skypilot_sdk.wait(subs, POLL_S if poll_s is None else poll_s, retries)
+        return tp.cast(list[JobResult], skypilot_bridge.call("wait", list(subs), POLL_S if poll_s is None else poll_s,
+                                                             retries))
 
     def states(self, refs: tp.Sequence[SkyRef]) -> list[StateInfo]:
         """Each job's state from SkyPilot. Never starts SkyPilot's API server (its SDK starts a local one, ~1 GB in
         8 processes left running, on the first request): when the local server is down, every state is UNKNOWN
         and says how to start it (the busy-dir check and ``automodel-hydra status`` ask this)."""
-        from automodel_hydra.backends import skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge
 
-        if skypilot_sdk.local_server_down(skypilot_sdk.sky_module()):
+        names = skypilot_bridge.call("states_here", list(refs))
+        if names is None:
             why = "SkyPilot's API server is not running here; start it with `sky api start` and ask again"
             return [StateInfo(JobState.UNKNOWN, why) for _ in refs]
-        return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in skypilot_sdk.raw_states(refs)]
+        return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in names]
 
     def cancel(self, refs: tp.Sequence[SkyRef]) -> None:
         """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster."""
-        from automodel_hydra.backends import skypilot_sdk
+        from automodel_hydra.backends import skypilot_bridge
 
-        sky = skypilot_sdk.sky_module()
-        for ref in refs:
-            sky.get(sky.cancel(ref.cluster, job_ids=[int(ref.job_id)]) if ref.cluster
-                    else sky.jobs.cancel(job_ids=[int(ref.job_id)]))
+        skypilot_bridge.call("cancel", list(refs))
 
     def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> SkyRef:
         ref = record.get("ref") or {}

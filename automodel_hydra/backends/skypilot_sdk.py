@@ -100,6 +100,12 @@ def validate(task: tp.Mapping[str, tp.Any]) -> None:
         raise SkyPilotPlanError(f"SkyPilot rejects the planned task ({TASK_FILE}): {e}") from e
 
 
+def validate_all(tasks: tp.Sequence[tp.Mapping[str, tp.Any]]) -> None:
+    """:func:`validate` for each task, in order (one bridge call for a sweep)."""
+    for task in tasks:
+        validate(task)
+
+
 def launch_values(request: Request, environ: tp.Mapping[str, str]) -> tuple[list[tuple[str, str]],
                                                                              list[tuple[str, str]]]:
     """``(envs, secrets)``: the value of every variable planned as ``null``, expanded in ``environ`` (in memory
@@ -220,7 +226,20 @@ def raw_states(refs: tp.Sequence[SkyRef]) -> list[str]:
     return [out[r] for r in refs]
 
 
-def _fetch_result(ref: SkyRef) -> dict[str, tp.Any] | None:
+def states_here(refs: tp.Sequence[SkyRef]) -> list[str] | None:
+    """:func:`raw_states`, or None when the local API server is down (asking would start one)."""
+    return None if local_server_down(sky_module()) else raw_states(refs)
+
+
+def cancel(refs: tp.Sequence[SkyRef]) -> None:
+    """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster, for each job."""
+    sky = sky_module()
+    for ref in refs:
+        sky.get(sky.cancel(ref.cluster, job_ids=[int(ref.job_id)]) if ref.cluster
+                else sky.jobs.cancel(job_ids=[int(ref.job_id)]))
+
+
+def fetch_result(ref: SkyRef) -> dict[str, tp.Any] | None:
     """Node 0's result line from the finished job's log (``sky.jobs.tail_logs`` / ``sky.tail_logs``, not followed)."""
     sky, buf = sky_module(), io.StringIO()
     try:
@@ -269,7 +288,8 @@ def launch(rq: Request, access: dict[str | None, str | None]) -> SkyRef:
 
 
 def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int) -> list[JobResult]:
-    """:meth:`SkyPilot.wait <automodel_hydra.backends.skypilot.SkyPilot.wait>`: poll every ``poll_s`` seconds."""
+    """:meth:`SkyPilot.wait <automodel_hydra.backends.skypilot.SkyPilot.wait>`: poll every ``poll_s`` seconds (in
+    one process, so through the bridge ``sky`` is imported once per wait, not once per poll)."""
     results: dict[int, JobResult] = {}
     last: dict[int, str] = {}
     failures = 0
@@ -289,7 +309,7 @@ def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int) -> 
                 log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
                 last[i] = name
             if state is JobState.COMPLETED:
-                results[i] = JobResult(state, _fetch_result(s.ref) or {"sky_status": name})
+                results[i] = JobResult(state, fetch_result(s.ref) or {"sky_status": name})
             elif state.final:
                 results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
         if len(results) < len(subs):

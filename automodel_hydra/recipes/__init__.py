@@ -43,6 +43,7 @@ import typing as tp
 from collections.abc import Mapping
 
 from automodel_hydra.schema import UserError
+from automodel_hydra import quiet
 
 if tp.TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -202,6 +203,7 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
 
 def _automodel_recipe_name(name: str) -> str:
     """AutoModel's fully qualified name for a bare recipe class name (``resolve_recipe_name``)."""
+    quiet.install()
     try:
         from nemo_automodel.cli.utils import resolve_recipe_name
     except ImportError:
@@ -227,6 +229,7 @@ def _import(target: str) -> tp.Any:
         module_name, _, attr = target.rpartition(".")
     if not module_name or not attr:
         raise RecipeError(f"recipe={target!r} is not module:attr or module.attr; valid: {_VALID}")
+    quiet.install()  # a recipe module may import nemo_automodel
     try:
         obj: tp.Any = importlib.import_module(module_name)
     except ImportError as e:

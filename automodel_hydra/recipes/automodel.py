@@ -75,6 +75,9 @@ def build_config(sections: Mapping[str, tp.Any]) -> tp.Any:
     ``wandb.enable`` switch applied; :func:`with_stop_signals` first.
 
     Raises what AutoModel's loader raises (ImportError for a ``_target_``, KeyError for an unset variable)."""
+    from automodel_hydra import quiet
+
+    quiet.install()
     from nemo_automodel.components.config.loader import ConfigNode
 
     node = ConfigNode(with_stop_signals(dict(sections)))
