@@ -79,8 +79,7 @@ def test_interactive_plan_runs_ft_launcher_with_nemo_run_flags(tmp_path: Path) -
                                    "fault_tolerance.rank_heartbeat_timeout=30", "fault_tolerance.max_restarts=2"],
                                   output_dir=tmp_path))
     backend = interactive.Interactive()
-    backend.ft_launcher = "/opt/venv/bin/ft_launcher"
-    plan = backend.plan(cfg, JobSpec(tmp_path, "train"))
+    plan = backend.plan(cfg, JobSpec(tmp_path, "train"), interactive.Devices.here("/opt/venv/bin/ft_launcher"))
     exec_line = next(line for line in plan.files["torchrun.sh"].splitlines() if line.startswith("exec "))
     assert exec_line.startswith("exec /opt/venv/bin/ft_launcher ")
     for flag in ("--ft-rank-heartbeat-timeout=30", "--ft-initial-rank-heartbeat-timeout=1200",
