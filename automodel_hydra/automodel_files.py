@@ -23,8 +23,8 @@ import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
 
-from automodel_hydra.schema import UserError
 from automodel_hydra import quiet
+from automodel_hydra.schema import UserError
 
 #: Top-level sections that belong to the launcher, never to an AutoModel recipe.
 LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "fault_tolerance", "launcher",

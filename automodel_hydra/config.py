@@ -267,7 +267,7 @@ class TrainConfig:
     def automodel(self) -> bool:
         """Whether the ranks run an AutoModel recipe class (``recipes.kind_of``): AutoModel's launcher defaults and
         template settings apply to it, not to the bundled recipe nor to a user's function."""
-        from automodel_hydra import recipes
+        from automodel_hydra import recipe_names as recipes
 
         return recipes.kind_of(self.recipe) == "automodel"
 
@@ -421,7 +421,7 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
         _normalise_aliases(data, LAUNCH_KEYS)
-        from automodel_hydra import recipes
+        from automodel_hydra import recipe_names as recipes
 
         kind = recipes.kind_of(data["recipe"])
         if isinstance(data.get("slurm"), dict) and kind == "automodel":  # AutoModel's meaning for what is left out

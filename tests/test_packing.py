@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra.backends import interactive
-from automodel_hydra.plan import Batch, JobSpec, Plan
+from automodel_hydra.plan import Batch, JobSpec, Plan, new_run_id, write_run_id
 
 #: each job's script: what it was started with (its CUDA_VISIBLE_DEVICES, thread count and cores)
 _SCRIPT = """#!/usr/bin/env bash
 printf '%s\\n' "${CUDA_VISIBLE_DEVICES-<unset>}" "${OMP_NUM_THREADS-<unset>}" \
   "$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')" > "$(dirname "$0")/seen"
-mkdir -p "$(dirname "$0")/.." && echo '{"loss": 1.0}' > "$(dirname "$0")/../result.json"
+printf '{"loss": 1.0, "run_id": "%s"}\n' "$(cat "$(dirname "$0")/run_id")" > "$(dirname "$0")/../result.json"
 """
 
 
@@ -34,6 +34,7 @@ def _plans(tmp_path: Path, n: int, uses_gpus: bool, nproc: int = 1) -> list[Plan
         job = JobSpec(job_dir=tmp_path / str(i), job_name="pack", job_num=i)
         job.launch_dir.mkdir(parents=True)
         (job.launch_dir / interactive.SCRIPT).write_text(_SCRIPT)
+        write_run_id(job, new_run_id())  # what the driver writes before submitting; the script echoes it
         request = interactive.Request(nproc, None, None, uses_gpus, (), None)
         plans.append(Plan("interactive", job, {interactive.SCRIPT: _SCRIPT}, request))
     return plans

@@ -128,7 +128,7 @@ def _local_job(tmp_path: Path, run_id: str) -> JobSpec:
 
 def test_a_result_stamped_in_the_past_is_this_launchs_and_a_stale_one_is_not(tmp_path: Path) -> None:
     job = _local_job(tmp_path, "this-launch")
-    plan: Plan[tp.Any] = Plan("interactive", job, {}, None)
+    plan: Plan[tp.Any] = Plan("interactive", job, {}, interactive.Request(1, None, None, False, (), None))
     job.result_file.write_text(json.dumps({"step": 2, "loss": 1.0, "run_id": "this-launch"}))
     old = time.time() - 120  # the file server's clock, 2 minutes behind this host's
     os.utime(job.result_file, (old, old))

@@ -395,7 +395,7 @@ def _out_name(plan: Plan[Request]) -> str:
 
 
 def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]],
-            started_at: float) -> JobResult:
+            started_at: float = 0.0) -> JobResult:
     """How a local job ended: COMPLETED when torchrun exited 0 and the result file carries this launch's id
     (:func:`automodel_hydra.plan.written_by_this_launch`), else CANCELLED/FAILED with the rank's own error."""
     value = read_result(plan.job)

@@ -124,7 +124,7 @@ def _portable(error: Exception) -> tuple[str, tp.Any]:
     the caller's environment)."""
     if isinstance(error, ConfigError):
         return "config", (error.key, error.value, error.valid)
-    from automodel_hydra.backends.skypilot import SkyPilotPlanError
+    from automodel_hydra.backends.skypilot_sdk import SkyPilotPlanError
 
     if isinstance(error, (PreflightError, SkyPilotPlanError)):
         return "error", type(error)(str(error))

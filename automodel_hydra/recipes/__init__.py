@@ -36,33 +36,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-import importlib
 import inspect
 import typing as tp
 from collections.abc import Mapping
 
-from automodel_hydra.schema import UserError
 from automodel_hydra import quiet
+from automodel_hydra.recipe_names import _VALID, import_target
+from automodel_hydra.recipe_names import BUNDLED as BUNDLED
+from automodel_hydra.recipe_names import RecipeError as RecipeError
+from automodel_hydra.recipe_names import RecipeKind as RecipeKind
+from automodel_hydra.recipe_names import kind_of as kind_of
+from automodel_hydra.recipe_names import recipe_target as recipe_target
 
 if tp.TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from automodel_hydra.bootstrap import Distributed
-
-#: The bundled recipe, run when a job names none.
-BUNDLED = "automodel_hydra.recipes.llm_finetune.train"
-
-RecipeKind = tp.Literal["bundled", "automodel", "callable"]
-
-_VALID = ("omit it (the bundled recipe), an AutoModel recipe class name (e.g. "
-          "TrainFinetuneRecipeForNextTokenPrediction), a dotted path module.Class, {_target_: ...}, "
-          "or a function module:attr / module.attr")
-
-
-class RecipeError(UserError, ValueError):
-    """A ``recipe:`` value that names nothing runnable. The message is one line: the value, why, what is valid."""
-
 
 class RecipeFunction(tp.Protocol):
     """What a user's recipe function is (see the module docstring for the contract)."""
@@ -78,48 +67,6 @@ class Recipe:
     kind: RecipeKind
     target: str
     obj: tp.Any = dataclasses.field(repr=False, compare=False)
-
-
-def recipe_target(spec: tp.Any) -> str | None:
-    """The name a ``recipe:`` value gives, without importing anything: None for the bundled recipe, else the
-    stripped string (a mapping's ``_target_``).
-
-    Raises RecipeError for any other shape (a number, a list, a mapping without ``_target_``, an empty string)."""
-    if spec is None:
-        return None
-    raw = spec.get("_target_") if isinstance(spec, Mapping) else spec
-    if isinstance(raw, str) and raw.strip():
-        return raw.strip()
-    what = "a mapping without _target_" if isinstance(spec, Mapping) and raw is None else repr(spec)
-    raise RecipeError(f"recipe={what} is not a recipe name; valid: {_VALID}")
-
-
-def kind_of(spec: tp.Any) -> RecipeKind:
-    """The kind :func:`resolve` finds for a ``recipe:`` value, without importing NeMo AutoModel: bundled (None), an
-    AutoModel recipe (a bare class name, which only AutoModel's recipes answer; a name under ``nemo_automodel.``;
-    a class of the user's), or a callable (a function of the user's). A user's module is imported to tell a class
-    from a function (once per name); one that does not import counts as callable here, and :func:`resolve` names
-    the error at plan time. What depends on the kind: AutoModel's launcher defaults apply to AutoModel recipes
-    only (docs/recipes.md).
-
-    Raises RecipeError for a value that is not a recipe name (:func:`recipe_target`)."""
-    target = recipe_target(spec)
-    if target is None:
-        return "bundled"
-    return _kind_of_target(target)
-
-
-@functools.lru_cache(maxsize=64)
-def _kind_of_target(target: str) -> RecipeKind:
-    if ":" not in target and "." not in target or target.startswith("nemo_automodel."):
-        return "automodel"
-    try:
-        obj = _import(target)
-    except RecipeError:
-        return "callable"
-    if f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}" == BUNDLED:
-        return "bundled"
-    return "automodel" if inspect.isclass(obj) else "callable"
 
 
 def resolve(spec: tp.Any) -> Recipe:
@@ -141,7 +88,7 @@ def resolve(spec: tp.Any) -> Recipe:
         return Recipe("bundled", BUNDLED, llm_finetune.train)
     if ":" not in target and "." not in target:
         target = _automodel_recipe_name(target)
-    obj = _import(target)
+    obj = import_target(target)
     if inspect.isclass(obj):
         missing = [m for m in ("setup", "run_train_validation_loop") if not callable(getattr(obj, m, None))]
         if missing:
@@ -219,28 +166,6 @@ def _automodel_recipe_name(name: str) -> str:
                 else f"AutoModel has {len(known)}, e.g. {', '.join(known[:3])}." if known else "")
         raise RecipeError(f"recipe={name!r} is not one of NeMo AutoModel's recipe classes; {hint} Or give a "
                           "dotted path module.attr / module:attr") from None
-
-
-def _import(target: str) -> tp.Any:
-    """``module:attr`` (attr may be dotted) or ``module.attr`` -> the object. Raises RecipeError naming the part
-    that failed."""
-    module_name, sep, attr = target.partition(":")
-    if not sep:
-        module_name, _, attr = target.rpartition(".")
-    if not module_name or not attr:
-        raise RecipeError(f"recipe={target!r} is not module:attr or module.attr; valid: {_VALID}")
-    quiet.install()  # a recipe module may import nemo_automodel
-    try:
-        obj: tp.Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RecipeError(f"recipe={target!r}: cannot import module {module_name!r} ({e}); it must be importable "
-                          "on every rank (an installed package or PYTHONPATH)") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise RecipeError(f"recipe={target!r}: module {module_name!r} has no attribute {attr!r}") from None
-    return obj
 
 
 def _check_signature(target: str, fn: tp.Callable[..., tp.Any]) -> None:
