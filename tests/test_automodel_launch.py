@@ -64,7 +64,8 @@ def test_a_sweep_over_a_recipe_key_of_an_automodel_file_is_one_slurm_array(tiny_
                                                                           tmp_path: Path) -> None:
     cfg = with_slurm_section(tmp_path)
     sweep = tmp_path / "S"
-    overrides = [f"--{o}" for o in cpu_overrides(tiny_llama_dir, squad_dir, tmp_path / "ckpt")]
+    # relative: each sweep job's own checkpoint dir, under its job dir (a shared absolute one is refused)
+    overrides = [f"--{o}" for o in cpu_overrides(tiny_llama_dir, squad_dir, Path("ckpt"))]
     proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", str(cfg), "-m", "optimizer.lr=1e-5,3e-5",
                            *overrides, "dry_run=true", f"hydra.sweep.dir={sweep}"], env=rank_env(), cwd=tmp_path,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
