@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import functools
 import os
+import re
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
 from automodel_hydra.backends.slurm_config import SlurmConfig
-from automodel_hydra.envvars import Ref, expand, split
+from automodel_hydra.envvars import Interp, expand, parse, render
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.schema import ConfigError, at_least, require
 
@@ -325,62 +326,74 @@ def _omegaconf_value(cfg: DictConfig, text: str) -> str:
         probe["__automodel_probe__"] = text
         try:
             return str(probe["__automodel_probe__"])
-        except OmegaConfBaseException:  # not OmegaConf's either (e.g. bash's ${VAR:?}): the backend judges it
+        except OmegaConfBaseException:  # not OmegaConf's either: the merge names the key
             return text
 
 
-#: Launcher fields a backend gives their shell meaning itself, at launch (a schema's ``SHELL_FIELDS``: SkyPilot's
-#: ``hf_token`` must stay a reference, a secret, never a value in a file); every other field is expanded by
-#: :func:`load` from the submitting shell.
+#: Launcher fields ``config.load`` does not expand from the submitting shell (a schema's ``SHELL_FIELDS``):
+#: ``SCRIPT_FIELDS`` are bash text for the job, kept as they are; the others keep their references for the
+#: backend, which gives them their shell meaning where the job runs (a secret never becomes a value in a file).
 SHELL_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SHELL_FIELDS", ("env_vars",)))
                                             for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
+SCRIPT_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SCRIPT_FIELDS", ()))
+                                             for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
 
 
 def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mapping[str, str]) -> None:
-    """Shell references in the launcher sections (``data`` in place, each section copied before it is changed):
-    ``env_vars`` keep theirs for the job (escaped from OmegaConf, their OmegaConf interpolations resolved here);
-    every other field is expanded from ``environ`` now. See :mod:`automodel_hydra.envvars`."""
+    """Shell references in the launcher sections (``data`` in place, each section copied before it is changed),
+    read with the one grammar of :mod:`automodel_hydra.envvars`: script fields are kept for bash; the other
+    :data:`SHELL_FIELDS` keep their references for the backend (their OmegaConf interpolations resolved here);
+    every other field is expanded from ``environ`` now."""
     is_key = data.__contains__
     for section in ("interactive", *LAUNCHER_SECTIONS):
         node = data.get(section)
         if not isinstance(node, dict):
             continue
         node = data[section] = dict(node)
-        kept = set(SHELL_FIELDS.get(section, ())) - {"env_vars"}
         for name, value in list(node.items()):
             key = f"{section}.{name}"
-            if name in kept and value is not None:  # the backend expands it where it belongs (e.g. a secret)
-                node[name] = _escape(value if isinstance(value, (dict, list)) else str(value))
-            elif name == "env_vars" and isinstance(value, dict):
-                env = {}
-                for k, v in value.items():
-                    parts = split("" if v is None else str(v), is_key)
-                    env[str(k)] = "".join(_omegaconf_value(cfg, p) if isinstance(p, str) else
-                                          _ref_text(p) for p in parts).replace("${", "\\${")
-                node[name] = env
+            if name in SCRIPT_FIELDS.get(section, ()):
+                node[name] = _escape(value)
+            elif name in SHELL_FIELDS.get(section, ()):
+                if name == "env_vars" and isinstance(value, dict):
+                    value = {str(k): "" if v is None else str(v) for k, v in value.items()}
+                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                    render([_omegaconf_value(cfg, p.text) if isinstance(p, Interp) else p])
+                    for p in parse(text, k, is_key)))
             else:
-                node[name] = _expand_tree(value, environ, key, is_key)
+                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                    p if isinstance(p, Interp) else expand((p,), environ, k) for p in parse(text, k, is_key)))
 
 
-def _ref_text(ref: Ref) -> str:
-    return f"${{{ref.name}}}" if ref.default is None else f"${{{ref.name}:-{ref.default}}}"
-
-
-def _expand_tree(value: tp.Any, environ: tp.Mapping[str, str], key: str, is_key: tp.Callable[[str], bool]) -> tp.Any:
+def _walk(value: tp.Any, key: str, text: tp.Callable[[str, str], str]) -> tp.Any:
+    """``value`` with ``text(string, its key)`` applied to every string in it (lists and dicts walked)."""
     if isinstance(value, str):
-        return expand(value, environ, key, is_key) if "$" in value else value
+        return text(value, key) if "$" in value or "\\" in value else value
     if isinstance(value, list):
-        return [_expand_tree(v, environ, f"{key}[{i}]", is_key) for i, v in enumerate(value)]
+        return [_walk(v, f"{key}[{i}]", text) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _expand_tree(v, environ, f"{key}.{k}", is_key) for k, v in value.items()}
+        return {k: _walk(v, f"{key}.{k}", text) for k, v in value.items()}
     return value
+
+
+def _omega_text(pieces: tp.Iterable[str | Interp]) -> str:
+    """OmegaConf text that resolves to the literal pieces as they are and to each :class:`Interp` as OmegaConf
+    resolves it: ``${`` in a literal escaped as ``\\${``, backslashes right before a ``${`` doubled (OmegaConf's
+    grammar)."""
+    out = ""
+    for piece in pieces:
+        if isinstance(piece, Interp):
+            out = re.sub(r"(\\+)$", r"\1\1", out) + piece.text
+        else:
+            out += re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", piece)
+    return out
 
 
 def _escape(value: tp.Any) -> tp.Any:
     """``value`` with every ``${`` escaped from OmegaConf, so a recipe's own interpolation forms (AutoModel's
     ``${VAR,default}``) reach it as written."""
     if isinstance(value, str):
-        return value.replace("${", "\\${")
+        return _omega_text([value])
     if isinstance(value, list):
         return [_escape(v) for v in value]
     if isinstance(value, dict):
@@ -399,8 +412,10 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
     Raises
     ------
     ConfigError
-        A value is out of range, a variable a field refers to is unset, or an alias and its canonical key
-        disagree; the message names the key.
+        A value is out of range, a shell reference is malformed, or an alias and its canonical key disagree; the
+        message names the key.
+    automodel_hydra.envvars.UnsetReference
+        A variable a launcher field refers to is unset and has no default; the message names the field.
     omegaconf.errors.OmegaConfBaseException
         An unknown key or a value of the wrong type (also caught at compose time by Hydra).
     """
