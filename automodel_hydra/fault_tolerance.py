@@ -183,7 +183,7 @@ def restart_reason(launch_dir: Path, attempt: int) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        failed.append((written, path.parent.name, first[:200]))
+        failed.append((written, int(path.parent.name) if path.parent.name.isdigit() else 0, first[:200]))
     if failed:  # the first to fail is the cause: the others failed because it did ("Connection closed by peer")
         _, rank, first = min(failed)
         return f"local rank {rank} failed: {first}"
