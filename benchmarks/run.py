@@ -763,6 +763,7 @@ class TestCluster:
 
     def __init__(self, work: Path) -> None:
         self.dir = work / "slurm-cluster"
+        os.chmod(work, 0o755)  # munged refuses a socket under a directory without o+x (mkdtemp makes 0700)
         script = ROOT / "scripts" / "slurm-cluster"
         env = dict(os.environ, SLURM_CLUSTER_DIR=str(self.dir))
         real = shutil.which("sbatch", path=os.environ.get("PATH", "") + ":/usr/bin")
