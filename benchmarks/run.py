@@ -903,6 +903,7 @@ def _peer_figures(cluster: TestCluster, work: Path, quick: bool, job_rounds: int
                 run, ids = nemo_run(f"peer-job-nemo-{i}", [torchrun_job(d)])
             else:
                 shutil.copytree(proto_s, d)
+                (d / "slurm").mkdir(exist_ok=True)  # the script's --output dir, which our submit makes
                 for f in (d / "launch" / "sbatch.sh", d / "launch" / "job.yaml"):
                     f.write_text(f.read_text().replace(str(proto_s), str(d)))
                 run, ids = cluster_submit(cluster, work, f"peer-job-bare-{i}",
