@@ -544,12 +544,15 @@ def register() -> None:
     """Register the schema in Hydra's ConfigStore as ``llm_finetune_schema`` (the recipe's base config), and the
     ``${automodel_uid:}`` resolver of the default output dirs (a random 4-hex tag, the same for every use in one
     process, so two commands started in the same second get different dirs). Called by the Hydra plugin package
-    when Hydra scans it, and by ``train.py``; calling it again changes nothing."""
+    when Hydra scans it, and by ``train.py``; calling it again changes nothing (and costs nothing: storing builds
+    ``OmegaConf.structured(TrainConfig)``, tens of ms: it is stored only when the store lacks it)."""
     import secrets
 
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="llm_finetune_schema", node=TrainConfig)
+    store = ConfigStore.instance()
+    if "llm_finetune_schema.yaml" not in store.repo:
+        store.store(name="llm_finetune_schema", node=TrainConfig)
     if not OmegaConf.has_resolver("automodel_uid"):
         tag = secrets.token_hex(2)  # one per process: every config composed here (each sweep job's) agrees
         OmegaConf.register_new_resolver("automodel_uid", lambda: tag)

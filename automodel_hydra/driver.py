@@ -730,9 +730,11 @@ def refuse_unselected_sections(app_file: str | Path, config_path: str, config_na
     ``-cp/-cd/-cn`` on the command line win, as in Hydra. Costs nothing unless such a key is set without its
     ``launcher=`` choice; then it composes the config once (without those keys) to see whether the section is
     there (a config file or a sweep bundle may give it)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(a.lstrip("~+").split("=", 1)[0].split(".", 1)[0] in SECTIONS for a in args if "." in a):
+        return  # no argument names a section's key: nothing to parse (Hydra's override parser costs ~2 ms each)
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    args = list(sys.argv[1:] if argv is None else argv)
     flags = {"-cp": "path", "--config-path": "path", "-cd": "dir", "--config-dir": "dir", "-cn": "name",
              "--config-name": "name", "-c": None, "--cfg": None, "-p": None, "--package": None,
              "--experimental-rerun": None, "-sc": None, "--shell-completion": None}

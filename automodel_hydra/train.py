@@ -8,6 +8,7 @@ Hydra as an absolute path so the same files are found however the app is started
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -32,7 +33,10 @@ def cli(app_file: str | None = None) -> None:
     (:mod:`automodel_hydra.argv`), and a launcher key set without its ``launcher=`` choice fails in one line."""
     sys.argv[1:] = argv.for_user_config(sys.argv[1:])
     refuse_unselected_sections(app_file or __file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` alone: one line
-    errors.run_hydra_main(main)  # an unknown key or a wrong type while Hydra composes: one line
+    try:
+        errors.run_hydra_main(main)  # an unknown key or a wrong type while Hydra composes: one line
+    finally:
+        gc.freeze()  # the command is over: skip the interpreter's final collection of Hydra's and OmegaConf's objects
 
 
 if __name__ == "__main__":

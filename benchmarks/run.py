@@ -11,7 +11,7 @@ value reported is the median of the per-pair ratios.
 
 Figures (goal in brackets):
 
-* ``launch_overhead_ratio`` [<= 1.15]: wall time, command to exit, of ``python train.py`` (one step, 2 ranks,
+* ``launch_overhead_ratio`` [<= 1.05]: wall time, command to exit, of ``python train.py`` (one step, 2 ranks,
   no checkpoint) / the same job's worker command started by bare ``python -m torch.distributed.run``. Both run the
   identical worker (``python -m automodel_hydra.worker <job.yaml>``, the same job file: same model, data, one
   step, same torchrun flags); B's job file is made once beforehand by a dry run, outside the timing. So the ratio
@@ -39,6 +39,16 @@ Figures (goal in brackets):
   1000): 1 is linear, more means each job costs more as the sweep grows.
 * ``compose_speedup`` (no goal): per-job compose cost, Hydra's ``load_sweep_config`` / ``_compose``'s
   (benchmarks/compose_speed.py, in one process, every config checked equal to Hydra's).
+
+Peers on the real Slurm test cluster (``peers``; scripts/slurm-cluster, started in the work dir and stopped after;
+no goals): ``nemo_run_job_submit_ratio`` and ``nemo_run_sweep_submit_ratio``: command start -> the last real
+``sbatch`` returned (a recording wrapper, ``benchmarks/recorders/sbatch``), ours / NeMo-Run (``nemo-run==0.11.1``
+in ``.venv-nemo-run``, benchmarks/nemo_run_sweep.py: one ``run.Experiment``, one task per job, ``LocalTunnel``,
+``exp.run(detach=True)``), for one job (run to its end and checked, beside a bare ``sbatch`` of our planned
+script) and a 200-job sweep (20 with --quick, and NeMo-Run's 200 then estimated), with ``*_cpu_ratio`` the
+submitting Python's CPU seconds; ``cluster_sweep_ratio_vs_hsl`` the same sweep against hydra-submitit-launcher.
+Sweeps go to the partition set DOWN (queued, never run) and are cancelled after each side. Without NeMo-Run its
+figures are skipped, naming benchmarks/setup-nemo-run; without the cluster's packages all peer figures are.
 
 Our side of the scale figures is cut off at a cap on its own CPU seconds (--caps); a cut-off run gives a lower
 bound, and a big run that the smaller runs predict to take more than twice its cap (or, with --quick, longer than
@@ -81,7 +91,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 GOALS = {  # name -> (goal, "<=")
-    "launch_overhead_ratio": 1.15,
+    "launch_overhead_ratio": 1.05,
     "sweep_packing_ratio": 0.7,
     "array_plan_growth_ratio": 12.0,
     "ckpt_async_stall_ratio": 0.3,
@@ -721,6 +731,260 @@ def ckpt_figures(work: Path, rounds: int) -> list[Figure]:
     ]
 
 
+# ----------------------------------------------------------------------------------------------- peers on Slurm
+
+RECORDERS = ROOT / "benchmarks" / "recorders"  # sbatch wrapper: runs the real sbatch, records when it returned
+NEMO_RUN_VENV = ROOT / ".venv-nemo-run"  # benchmarks/setup-nemo-run
+PEER_SLURM = ["launcher=slurm", "slurm.partition=debug", "slurm.nodes=1", "slurm.ntasks_per_node=2",
+              "slurm.detach=true"]  # our side on the test cluster: 1 node x 2 ranks (its nodes have 2 CPUs)
+
+
+class Unavailable(RuntimeError):
+    """A peer or the test cluster is not there: its figures are skipped, with this as the reason."""
+
+
+def nemo_run_python() -> str:
+    """NeMo-Run's interpreter: ``$NEMO_RUN_PYTHON``, else ``.venv-nemo-run/bin/python`` (benchmarks/setup-nemo-run),
+    else this one when ``nemo_run`` imports here. Raises Unavailable naming the set-up command."""
+    for py in (os.environ.get("NEMO_RUN_PYTHON"), str(NEMO_RUN_VENV / "bin" / "python"), PY):
+        if py and Path(py).exists() and subprocess.run([py, "-c", "import nemo_run"],
+                                                       capture_output=True).returncode == 0:
+            return py
+    raise Unavailable("NeMo-Run is not installed: benchmarks/setup-nemo-run makes .venv-nemo-run with nemo-run==0.11.1")
+
+
+class TestCluster:
+    """The project's Slurm test cluster (scripts/slurm-cluster: 2 nodes x 2 CPUs, partition ``debug``), started
+    in a state dir of its own under the work dir (ports from ``$SLURM_CLUSTER_PORT_BASE``) and stopped by
+    :meth:`down`; every command run through :attr:`env` talks to it and finds the recording ``sbatch`` first on
+    PATH. Nothing else is touched: :meth:`cancel_all` cancels the jobs of this private cluster only."""
+
+    def __init__(self, work: Path) -> None:
+        self.dir = work / "slurm-cluster"
+        os.chmod(work, 0o755)  # munged refuses a socket under a directory without o+x (mkdtemp makes 0700)
+        script = ROOT / "scripts" / "slurm-cluster"
+        env = dict(os.environ, SLURM_CLUSTER_DIR=str(self.dir))
+        real = shutil.which("sbatch", path=os.environ.get("PATH", "") + ":/usr/bin")
+        up = subprocess.run([str(script), "up"], env=env, capture_output=True, text=True, timeout=120)
+        if up.returncode != 0 or real is None:
+            said = (up.stderr.strip().splitlines() or ["(nothing)"])[-1]
+            raise Unavailable(f"the Slurm test cluster did not start (scripts/slurm-cluster up exited {up.returncode}:"
+                              f" {said}); scripts/install-slurm-deps installs its packages")
+        self.script, self.cluster_env = script, env
+        conf = self.dir / "etc" / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(conf), SBATCH_REAL=real,
+                        PATH=f"{RECORDERS}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def run(self, *argv: str) -> str:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=True, timeout=60).stdout
+
+    def queued(self, job_ids: tp.Iterable[str] = ()) -> list[str]:
+        ids = ",".join(job_ids)
+        return self.run("squeue", "-h", "-o", "%i", *(["-j", ids] if ids else [])).split()
+
+    def wait_gone(self, job_ids: tp.Sequence[str], timeout: float) -> float:
+        """Poll squeue every 0.1 s until none of ``job_ids`` is queued or running; returns ``time.time()`` then."""
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            try:
+                if not self.queued(job_ids):
+                    return time.time()
+            except subprocess.CalledProcessError:  # squeue -j of ids Slurm has already purged
+                return time.time()
+            time.sleep(0.1)
+        raise RuntimeError(f"jobs {', '.join(job_ids)} still in the queue after {timeout:.0f} s")
+
+    def partition(self, state: str) -> None:
+        """``UP``, or ``DOWN``: jobs are still accepted and queued, but none starts (slurm.conf(5), State)."""
+        self.run("scontrol", "update", "PartitionName=debug", f"State={state}")
+
+    def cancel_all(self) -> None:
+        self.run("scancel", "--partition=debug")
+        until = time.monotonic() + 60
+        while self.queued() and time.monotonic() < until:
+            time.sleep(0.2)
+
+    def down(self) -> None:
+        subprocess.run([str(self.script), "down"], env=self.cluster_env, capture_output=True, timeout=120)
+
+
+def cluster_submit(cluster: TestCluster, work: Path, tag: str, argv: list[str], calls: int, *,
+                   stop: bool = False, timeout: float = 900.0) -> tuple[Run, list[str]]:
+    """Run a submitting command against the test cluster; ``Run.submit_s``: command start -> the ``calls``-th
+    real sbatch returned, ``Run.submit_cpu_s``: the submitting Python's CPU seconds then (its reaped children
+    included). ``stop``: stop the command once that many calls are in (hydra-submitit-launcher waits for results).
+    Returns the run and the job ids sbatch gave; raises Fail when the command or a sbatch call failed."""
+    record = work / f"{tag}.sbatch-calls"
+    record.unlink(missing_ok=True)
+
+    def n_calls() -> int:
+        try:
+            return len(record.read_text().splitlines())
+        except OSError:
+            return 0
+
+    run = timed(argv, work / "logs" / f"{tag}.log", env=dict(cluster.env, SBATCH_RECORD=str(record)),
+                timeout=timeout, stop_when=(lambda: n_calls() >= calls) if stop else None, kill_grace=5)
+    rows = [ln.split() for ln in (record.read_text().splitlines() if record.exists() else [])]
+    if run.stopped != "stop_when" and not run.ok:
+        raise Fail(f"{tag}", run)
+    if len(rows) < calls or any(r[2] != "0" for r in rows):
+        raise Fail(f"{tag} (expected {calls} successful sbatch calls, recorded {[r[2] for r in rows]})", run)
+    last = rows[calls - 1]
+    return dataclasses.replace(run, submit_s=float(last[0]) - run.start_epoch,
+                               submit_cpu_s=None if last[1] == "-" else float(last[1])), [r[3] for r in rows]
+
+
+def peer_figures(work: Path, quick: bool, job_rounds: int, points: int) -> list[Figure]:
+    """Peers on the real Slurm test cluster, each run as its users run it, side by side in rounds whose order
+    rotates: one job (ours, NeMo-Run, a bare ``sbatch`` of our planned script), each run to its end and checked;
+    then a ``points``-job sweep (ours, NeMo-Run, hydra-submitit-launcher) submitted to the partition set DOWN, so
+    jobs queue but none runs, cancelled after each side. Figures: submit time (command start -> its last sbatch
+    returned) and CPU of the submitting process, ours / theirs. ``--quick`` runs the sweeps at ``points`` (20)
+    and ours once more at 200; NeMo-Run's 200-job time is then an estimate (``~``) from its 1- and 20-job
+    runs (linear in the tasks: one package and one sbatch per task)."""
+    try:
+        nemo_py: str | None = nemo_run_python()
+        nemo_why = ""
+    except Unavailable as e:
+        nemo_py, nemo_why = None, str(e)
+    cluster = TestCluster(work)  # Unavailable: every peer figure is skipped
+    try:
+        return _peer_figures(cluster, work, quick, job_rounds, points, nemo_py, nemo_why)
+    finally:
+        cluster.down()
+
+
+def _peer_figures(cluster: TestCluster, work: Path, quick: bool, job_rounds: int, points: int,
+                  nemo_py: str | None, nemo_why: str) -> list[Figure]:
+    # untimed: our interactive plan gives the bare torchrun script NeMo-Run's tasks run; our Slurm plan gives the
+    # script the bare sbatch submits (both from dry runs of the trivial job)
+    proto_t, proto_s = work / "peer-proto-torchrun", work / "peer-proto-slurm"
+    checked("dry run", timed([PY, "train.py", f"hydra.run.dir={proto_t}", *TRIVIAL, "interactive.nproc_per_node=2",
+                              "dry_run=true"], work / "logs" / "peer-dry-torchrun.log"))
+    checked("dry run", timed([PY, "train.py", f"hydra.run.dir={proto_s}", *TRIVIAL, *PEER_SLURM, "dry_run=true"],
+                             work / "logs" / "peer-dry-slurm.log", env=cluster.env))
+    torchrun_sh = (proto_t / "launch" / "torchrun.sh").read_text()
+    job = yaml.safe_load((proto_t / "launch" / "job.yaml").read_text())
+
+    def torchrun_job(d: Path, seed: int | None = None) -> str:
+        """A job dir holding the trivial job's job.yaml; returns the bare torchrun script that runs it."""
+        (d / "launch").mkdir(parents=True, exist_ok=True)
+        spec = dict(job, output_dir=str(d)) | ({} if seed is None else {"seed": seed})
+        (d / "launch" / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        return torchrun_sh.replace(str(proto_t), str(d))
+
+    def nemo_run(tag: str, commands: list[str]) -> tuple[Run, list[str]]:
+        assert nemo_py is not None
+        spec = work / f"{tag}.json"
+        spec.write_text(json.dumps({"base_dir": str(work / tag), "partition": "debug", "cpus_per_task": 2,
+                                    "commands": commands}))
+        return cluster_submit(cluster, work, tag, [nemo_py, str(ROOT / "benchmarks" / "nemo_run_sweep.py"),
+                                                   str(spec)], len(commands))
+
+    def finished(run: Run, ids: list[str], out: Path, what: str) -> float:
+        """Wait for the job to leave the queue; seconds from command start; Fail unless it wrote its result."""
+        end = cluster.wait_gone(ids, 300) - run.start_epoch
+        if not (out / "result.json").exists():
+            raise Fail(f"{what}: the job ended without writing {out / 'result.json'}", run)
+        return end
+
+    jobs: dict[str, list[tuple[Run, float]]] = {"ours": [], "nemo": [], "bare": []}
+    sides = ["ours", "bare"] + (["nemo"] if nemo_py else [])
+    for i in range(job_rounds):
+        for side in sides[i % len(sides):] + sides[:i % len(sides)]:
+            d = work / f"peer-job-{side}-{i}"
+            if side == "ours":
+                run, ids = cluster_submit(cluster, work, f"peer-job-ours-{i}",
+                                          [PY, "train.py", f"hydra.run.dir={d}", *TRIVIAL, *PEER_SLURM], 1)
+            elif side == "nemo":
+                run, ids = nemo_run(f"peer-job-nemo-{i}", [torchrun_job(d)])
+            else:
+                shutil.copytree(proto_s, d)
+                (d / "slurm").mkdir(exist_ok=True)  # the script's --output dir, which our submit makes
+                for f in (d / "launch" / "sbatch.sh", d / "launch" / "job.yaml"):
+                    f.write_text(f.read_text().replace(str(proto_s), str(d)))
+                run, ids = cluster_submit(cluster, work, f"peer-job-bare-{i}",
+                                          ["sbatch", "--parsable", str(d / "launch" / "sbatch.sh")], 1)
+                run = dataclasses.replace(run, submit_cpu_s=run.cpu_s)  # sbatch itself is the whole tree
+            jobs[side].append((run, finished(run, ids, d, f"{side} job")))
+            progress(f"peers: one job, {side}: submitted at {run.submit_s:.2f}s ({run.submit_cpu_s or 0:.2f} cpu-s), "
+                     f"done at {jobs[side][-1][1]:.1f}s, load {os.getloadavg()[0]:.1f}")
+
+    cluster.partition("DOWN")
+    sweeps: dict[str, dict[int, list[Run]]] = {"ours": {}, "nemo": {}, "hsl": {}}
+    try:
+        sizes = [points] + ([200] if quick and points != 200 else [])
+        for n in sizes:
+            for side in (["ours", "hsl"] + (["nemo"] if nemo_py else [])) if n == points else ["ours"]:
+                d, tag = work / f"peer-sweep-{side}-{n}", f"peer-sweep-{side}-{n}"
+                sweep = [PY, "train.py", "-m", f"seed=range(0,{n})", f"hydra.sweep.dir={d}", *TRIVIAL]
+                if side == "ours":
+                    run, _ = cluster_submit(cluster, work, tag, [*sweep, *PEER_SLURM], 1)
+                elif side == "hsl":
+                    run, _ = cluster_submit(cluster, work, tag, [*sweep, "hydra/launcher=submitit_slurm",
+                                                                 "hydra.launcher.partition=debug"], 1, stop=True)
+                else:
+                    run, _ = nemo_run(tag, [torchrun_job(d / str(j), seed=j) for j in range(n)])
+                queued = len(cluster.queued())
+                cluster.cancel_all()
+                sweeps[side].setdefault(n, []).append(run)
+                progress(f"peers: {n}-job sweep, {side}: last sbatch at {run.submit_s:.1f}s "
+                         f"({run.submit_cpu_s or 0:.1f} cpu-s), {queued} jobs/arrays queued, load "
+                         f"{os.getloadavg()[0]:.1f}")
+    finally:
+        cluster.partition("UP")
+
+    def med(side: str, key: tp.Callable[[Run], float | None]) -> float:
+        return median([v for r, _ in jobs[side] if (v := key(r)) is not None])
+
+    s = lambda r: r.submit_s  # noqa: E731
+    c = lambda r: r.submit_cpu_s  # noqa: E731
+    nj = f"{job_rounds} rounds"
+    done = {k: median([e for _, e in v]) for k, v in jobs.items() if v}
+    out = [Figure("cluster_job_submit_s", med("ours", s), f"ours {med('ours', c):.2f} cpu-s",
+                  f"bare sbatch {med('bare', s):.2f}s", nj,
+                  f"start -> sbatch returned; done (left the queue) at {done['ours']:.1f}s, bare {done['bare']:.1f}s")]
+    sw = lambda side, n: sweeps[side].get(n, [])  # noqa: E731
+    ours_n, hsl_n = sw("ours", points), sw("hsl", points)
+    out.append(Figure("cluster_sweep_ratio_vs_hsl", ours_n[0].submit_s / hsl_n[0].submit_s,
+                      f"ours {ours_n[0].submit_s:.1f}s", f"hydra-submitit-launcher {hsl_n[0].submit_s:.1f}s", "1",
+                      f"{points} jobs, real sbatch, start -> last sbatch returned; cpu "
+                      f"{ours_n[0].submit_cpu_s or 0:.1f} / {hsl_n[0].submit_cpu_s or 0:.1f}"))
+    if nemo_py is None:
+        return [*out, Figure("nemo_run_job_submit_ratio", None, note=f"skipped: {nemo_why}"),
+                Figure("nemo_run_sweep_submit_ratio", None, note=f"skipped: {nemo_why}")]
+    nemo_n = sw("nemo", points)
+    out += [
+        Figure("nemo_run_job_submit_ratio", median([a.submit_s / b.submit_s for (a, _), (b, _) in
+                                                    zip(jobs["ours"], jobs["nemo"])]),
+               f"ours {med('ours', s):.2f}s", f"NeMo-Run {med('nemo', s):.2f}s", nj,
+               f"one job, start -> sbatch returned; NeMo-Run's job done at {done['nemo']:.1f}s"),
+        Figure("nemo_run_job_submit_cpu_ratio", median([(a.submit_cpu_s or 0) / (b.submit_cpu_s or 1) for (a, _), (b, _)
+                                                        in zip(jobs["ours"], jobs["nemo"])]),
+               f"{med('ours', c):.2f} cpu-s", f"{med('nemo', c):.2f} cpu-s", nj, "CPU of the submitting Python"),
+        Figure("nemo_run_sweep_submit_ratio", ours_n[0].submit_s / nemo_n[0].submit_s,
+               f"ours {ours_n[0].submit_s:.1f}s", f"NeMo-Run {nemo_n[0].submit_s:.1f}s", "1",
+               f"{points} jobs: one array / {points} sbatch calls"),
+        Figure("nemo_run_sweep_submit_cpu_ratio", (ours_n[0].submit_cpu_s or 0) / (nemo_n[0].submit_cpu_s or 1),
+               f"{ours_n[0].submit_cpu_s or 0:.1f} cpu-s", f"{nemo_n[0].submit_cpu_s or 0:.1f} cpu-s", "1",
+               f"{points} jobs"),
+    ]
+    if sw("ours", 200) and points != 200:  # --quick: NeMo-Run's 200-job time from its 1- and `points`-job runs
+        one, many = med("nemo", s), nemo_n[0].submit_s
+        est = many + (many - one) / (points - 1) * (200 - points)
+        ours200 = sw("ours", 200)[0].submit_s
+        out += [Figure("nemo_run_sweep_200_submit_s", est, f"~ {points} jobs {many:.1f}s + "
+                       f"{(many - one) / (points - 1):.2f}s per task", "", "0",
+                       "an estimate: 200 NeMo-Run tasks not run with --quick", bound="~"),
+                Figure("nemo_run_sweep_200_ratio", ours200 / est, f"ours {ours200:.1f}s (measured)",
+                       f"NeMo-Run ~{est:.0f}s", "1", "", bound="~")]
+    else:
+        out.append(Figure(f"nemo_run_sweep_{points}_submit_s", nemo_n[0].submit_s, f"NeMo-Run, {points} tasks", "",
+                          "1"))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- report
 
 NOTES = """\
@@ -748,6 +1012,14 @@ What is compared (A / B; medians of per-pair ratios, A and B of a pair run back 
   sweep_plan_growth_vs_linear  plan-only (dry_run=true) Slurm sweeps: marginal cpu-s per job from the middle to
                            the biggest size / from the smallest to the middle (1 = linear).
   compose_speedup          per-job CPU of Hydra's load_sweep_config / _compose's copy-and-apply, one process.
+  cluster_job_submit_s     peers, on the real Slurm test cluster: python train.py launcher=slurm slurm.detach=true
+                           (one job, 2 ranks), start -> sbatch returned (benchmarks/recorders/sbatch), beside a bare
+                           `sbatch` of the script our dry run planned; each job runs to its end and is checked.
+  nemo_run_*_ratio         ours / NeMo-Run (run.Experiment, one task per job, SlurmExecutor + LocalTunnel,
+                           GitArchivePackager by default, exp.run(detach=True)): start -> its last sbatch returned;
+                           *_cpu_*: the submitting Python's CPU seconds then, reaped children included. Sweeps go
+                           to the partition set DOWN (queued, never run), cancelled after each side.
+  cluster_sweep_ratio_vs_hsl  the same sweep, ours / hydra-submitit-launcher, real sbatch.
   >= / ~                   a lower bound (our run was cut off at its cap) / an estimate (the run was not made).
   *_cpu_ratio              user+sys CPU of the whole process tree, which other users' load barely moves.
   driver_peak_rss_mb       VmHWM (the kernel's peak-RSS mark) of the python train.py process alone, polled from
@@ -773,8 +1045,8 @@ def table(figures: list[Figure]) -> str:
 RATIO_OF = {"ckpt": "ckpt_async_stall_ratio", "launch": "launch_overhead_ratio", "sweep": "sweep_packing_ratio",
             "plan": "array_plan_growth_ratio", "submit": "sweep_submit_ratio_vs_hsl",
             "bigsubmit": "sweep_1000_submit_s", "growth": "sweep_plan_growth_vs_linear",
-            "compose": "compose_speedup"}
-ORDER = ("launch", "sweep", "plan", "submit", "bigsubmit", "growth", "compose", "ckpt")
+            "compose": "compose_speedup", "peers": "nemo_run_sweep_submit_ratio"}
+ORDER = ("launch", "sweep", "plan", "submit", "bigsubmit", "growth", "compose", "ckpt", "peers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -785,9 +1057,10 @@ def main(argv: list[str] | None = None) -> int:
                          "(-> 1000 for the growth figure) jobs; runs of ours cut off at short caps")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds after which no optional pair is started (default: 210 with --quick, none without)")
-    ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,growth,compose",
+    ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,growth,compose,peers",
                     help="comma list of: ckpt,launch,sweep,plan,submit (ratio vs hydra-submitit-launcher, 1000-point "
-                         "submit, peak RSS),growth (needs plan),compose (per-job compose: Hydra vs _compose)")
+                         "submit, peak RSS),growth (needs plan),compose (per-job compose: Hydra vs _compose),peers "
+                         "(NeMo-Run, hydra-submitit-launcher and bare sbatch on the Slurm test cluster)")
     ap.add_argument("--pairs", default=None,
                     help="LAUNCH,SWEEP,PLAN,SUBMIT maximum pairs (default: --quick 7,3,1,3 with minimums 1,1,1,1; "
                          "else 9,4,1,3)")
@@ -795,6 +1068,10 @@ def main(argv: list[str] | None = None) -> int:
                                                        "the growth figure adds 10 x BIG")
     ap.add_argument("--submit-points", type=int, default=200, help="points of the sweep_submit_ratio_vs_hsl sweep")
     ap.add_argument("--big-points", type=int, default=1000, help="points of the sweep_1000_submit_s sweep")
+    ap.add_argument("--peer-points", type=int, default=None,
+                    help="jobs of the peers' sweeps on the test cluster (default 200; --quick 20, and ours once more "
+                         "at 200)")
+    ap.add_argument("--peer-rounds", type=int, default=None, help="one-job rounds of the peers (default 3; --quick 1)")
     ap.add_argument("--ours-args", default="",
                     help="extra train.py arguments for our side of the submit figures, e.g. "
                          "'hydra/sweeper=automodel_basic' (space-separated)")
@@ -905,6 +1182,16 @@ def main(argv: list[str] | None = None) -> int:
             one_offs()
         if not ran:
             break
+
+    if "peers" in only:  # last: its cluster jobs use the cores the other figures time
+        try:
+            figures["peers"] = peer_figures(work, q, args.peer_rounds or (1 if q else 3),
+                                            args.peer_points or (20 if q else 200))
+        except Unavailable as e:
+            figures["peers"] = [Figure(RATIO_OF["peers"], None, note=f"skipped: {e}")]
+        except Exception as e:
+            failed["peers"] = f"{type(e).__name__}: {e}"
+        progress(f"peers done at {time.perf_counter() - t_start:.0f}s")
 
     for t in tasks:
         if not t.pairs:

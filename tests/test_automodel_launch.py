@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.automodel_assets import SQUAD_YAML, cpu_overrides, rank_env
+from tests.test_quiet import NOISE
 
 pytest_plugins = ["tests.automodel_assets"]
 pytestmark = [pytest.mark.automodel, pytest.mark.slow]
@@ -31,6 +32,10 @@ def test_automodel_yaml_runs_unchanged_through_our_launcher_and_resumes(tiny_lla
     run, ckpt = tmp_path / "R", tmp_path / "ckpt"
     first = launch(run, cpu_overrides(tiny_llama_dir, squad_dir, ckpt, max_steps=4, ckpt_every_steps=2))
     assert first.returncode == 0, first.stdout[-4000:]
+    # the dependency lines automodel_hydra.quiet filters: none from the driver, torchrun or either rank
+    printed = first.stdout + "".join(p.read_text(errors="replace") for p in run.rglob("*.log"))
+    for fragment in [*NOISE.values(), "extended ALLOWED_"]:
+        assert fragment not in printed, printed[-4000:]
     spec = (run / "launch" / "job.yaml").read_text()
     assert "recipe: TrainFinetuneRecipeForNextTokenPrediction" in spec and "slurm" not in spec
     assert (ckpt / "LATEST").exists()
