@@ -18,7 +18,7 @@ import pytest
 from automodel_hydra import fault_tolerance as ftm
 from automodel_hydra import heartbeat
 from automodel_hydra.backends import interactive
-from automodel_hydra.plan import JobSpec, PreflightError
+from automodel_hydra.plan import RUN_ID_FILE, JobSpec, PreflightError
 from automodel_hydra.schema import ConfigError
 from tests.helpers import ROOT, compose_cfg, metrics
 
@@ -162,7 +162,26 @@ def test_the_rank_not_waiting_in_a_collective_is_the_hung_one(tmp_path: Path) ->
     ftm.record_attempt(tmp_path, 1, 200.0)
     assert ftm.restart_summary(tmp_path) == "restarted 1x: rank 1 hung at step 5"
     assert ftm.final_hang(tmp_path) is None  # the last attempt (1) did not hang
-    assert ftm.restart_summary(tmp_path, since=300.0) == ""  # an earlier run's restarts are not this run's
+
+
+def test_an_earlier_launchs_hangs_and_restarts_are_not_this_ones(tmp_path: Path) -> None:
+    """The job dir keeps the evidence of every launch; the status and the last line take the current launch's
+    only, by its launch id, whatever the clocks say (the earlier launch's records carry *later* times here)."""
+    d = ftm.evidence_dir(tmp_path)
+    d.mkdir(parents=True)
+    later = time.time() + 3600  # a node clock an hour ahead of this host's
+    (tmp_path / RUN_ID_FILE).write_text("first\n")  # tmp_path is the job's launch/
+    (d / "hang.rank1.attempt1.json").write_text(json.dumps(
+        {"rank": 1, "attempt": 1, "step": 7, "time": later, "host": "h", "silent_s": 5.0, "stack": "s",
+         "run_id": "first"}))
+    ftm.record_attempt(tmp_path, 1, later)
+    assert ftm.restart_summary(tmp_path).startswith("restarted 1x")
+    assert ftm.final_hang(tmp_path) is not None
+
+    (tmp_path / RUN_ID_FILE).write_text("second\n")  # the job launched again
+    assert ftm.restart_summary(tmp_path) == ""  # the first launch restarted; this one did not (yet)
+    assert ftm.final_hang(tmp_path) is None
+    assert ftm.hangs(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------------------ real runs (slow)
