@@ -28,7 +28,9 @@ Method
    itself is never changed; ``dry_run=true`` is added.
 4. **The variants** (``--variants``):
 
-   * ``plain``: the file as it is (no launcher section: torchrun on this machine);
+   * ``plain``: the file as it is (no launcher section: torchrun on this machine), with AutoModel's
+     ``--nproc-per-node 8`` (``--nproc``): the world size the examples are written for, one 8-GPU node as in the
+     ``slurm:`` block, so their parallelism sizes are checked against it and not against this machine's cores;
    * ``slurm``: the file plus AutoModel's documented ``slurm:`` block (:data:`SLURM_BLOCK`, from its
      ``docs/launcher/cluster.md``; ``extra_mounts`` names a dir made here, because a mount source must exist);
    * ``skypilot``: the file with ``launcher=skypilot`` on the command line (the form the README shows for
@@ -207,7 +209,7 @@ def model_keys(data: tp.Any, prefix: str = "") -> list[str]:
 
 
 def cases(tree: str, root: Path, variants: tp.Sequence[str], model: Path, mount: Path,
-          only: str | None) -> list[Case]:
+          only: str | None, nproc: int = 8) -> list[Case]:
     """Every ``root/examples/**.yaml`` x ``variants`` as a :class:`Case` (module docstring, steps 2-4); the block
     variants' copies are written beside each file."""
     import yaml
@@ -238,6 +240,8 @@ def cases(tree: str, root: Path, variants: tp.Sequence[str], model: Path, mount:
                     target.write_text(text.rstrip("\n") + "\n" + block.replace("{mount}", str(mount)))
             elif variant == "skypilot":
                 extra = ["launcher=skypilot"]
+            elif nproc and "slurm" not in data and "skypilot" not in data:  # plain, no launcher section
+                extra = [f"--nproc-per-node={nproc}"]
             recipe = ""
             if "recipe" in data or group not in OLD_COMMANDS:
                 head = [str(target)]
@@ -597,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", action="append", help="with --git-dir: refs to count (default: HEAD and last-slurm)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--only", help="a regex: only the files whose path (examples/...) matches")
+    p.add_argument("--nproc", type=int, default=8,
+                   help="plain variant: --nproc-per-node N (default 8, one 8-GPU node; 0: this machine's default)")
     p.add_argument("--workers", type=int, default=2, help="cases at once (default 2; the machine is shared)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per case before it is killed")
     p.add_argument("--words", type=int, default=7, help="words of a reason that group it (default 7)")
@@ -647,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         model = make_tiny_llama(work / "tiny-llama")
         mount = work / "lustre"
         mount.mkdir()
-        todo = [c for t, r in roots.items() for c in cases(t, r, variants, model, mount, args.only)]
+        todo = [c for t, r in roots.items() for c in cases(t, r, variants, model, mount, args.only, args.nproc)]
         print(f"{len(todo)} cases ({len({(c.tree, c.rel) for c in todo})} files x {len(variants)} variants), "
               f"{args.workers} at once, work dir {work}", file=sys.stderr, flush=True)
         if not args.exec:
