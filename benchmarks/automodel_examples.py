@@ -626,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
             done += [Case(**c) for c in data["cases"]]
         print(report(done, [v for v in VARIANTS if v in order], seen, args.words, args.top))
         return 0
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # tests.automodel_assets; automodel_hydra stays the one this Python finds first
+    import automodel_hydra
     from tests.automodel_assets import make_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="automodel-examples-"))
@@ -661,6 +662,11 @@ def main(argv: list[str] | None = None) -> int:
             print("importing what the cases import ...", file=sys.stderr, flush=True)
             preload(todo)
         run_all(todo, work, max(args.workers, 1), args.timeout, args.exec, args.keep, model)
+        product = Path(automodel_hydra.__file__).resolve().parents[1]
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            product_rev = subprocess.run(["git", "-C", str(product), "log", "-1", "--format=%h %s"], check=True,
+                                         capture_output=True, text=True).stdout.strip()
+            print(f"automodel-hydra measured: {product} at {product_rev[:100]}")
         print(report(todo, variants, trees, args.words, args.top))
         print(f"\n{len(todo)} cases in {time.monotonic() - t0:.0f} s "
               f"({'exec' if args.exec else 'fork-server'}, {args.workers} workers)")
