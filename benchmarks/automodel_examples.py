@@ -126,7 +126,8 @@ BLOCKS = {"slurm": ("slurm", SLURM_BLOCK), "sky-block": ("skypilot", SKYPILOT_BL
 OTHER = {"slurm": "skypilot", "skypilot": "slurm"}
 
 #: The open gaps of AutoModel support a refusal or crash belongs to, tried in order on its line: (label, regex).
-#: A reason that matches none is a new kind, shown as ``-``.
+#: ``correct`` labels answers AutoModel itself would give at that world size (its device mesh, its step
+#: scheduler); a reason that matches none is a new kind, shown as ``-``.
 GAPS: tuple[tuple[str, str], ...] = (
     ("7 launcher=skypilot", r"Could not override 'launcher'|launcher=skypilot: no such|No match in the defaults list"
                             r"|launcher.*not in defaults|To append to your default list"),
@@ -135,8 +136,10 @@ GAPS: tuple[tuple[str, str], ...] = (
     ("2 containers", r"container_image|container image|nemo_mount|pyxis|enroot"),
     ("4 nemo_run", r"nemo_run"),
     ("8 nsys", r"nsys"),
-    ("6 plan-time imports", r"ImportError|ModuleNotFoundError|No module named|cannot import|_target_"),
-    ("5 parallelism", r"global_batch_size|local_batch_size|dp_size|tp_size|cp_size|pp_size|device mesh"),
+    ("6 plan-time imports", r"ImportError|ModuleNotFoundError|No module named|cannot import|importing module"
+                            r"|_target_|active drivers"),
+    ("correct: world size", r"global_batch_size|local_batch_size|dp_size|tp_size|cp_size|pp_size|device mesh"),
+    ("no AutoModel CLI command", r"names no recipe:"),
 )
 
 #: The driver's line for an exception that is not the user's mistake (``driver.BUG_LINE``).
