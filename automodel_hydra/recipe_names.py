@@ -73,7 +73,8 @@ def _kind_of_target(target: str) -> RecipeKind:
 
 def import_target(target: str) -> tp.Any:
     """``module:attr`` (attr may be dotted) or ``module.attr`` -> the object. Raises RecipeError naming the part
-    that failed."""
+    that failed: a module that is not found, one whose own import raises (any exception: a GPU library raises
+    RuntimeError on a host without a driver), a missing attribute."""
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")
@@ -85,6 +86,10 @@ def import_target(target: str) -> tp.Any:
     except ImportError as e:
         raise RecipeError(f"recipe={target!r}: cannot import module {module_name!r} ({e}); it must be importable "
                           "on every rank (an installed package or PYTHONPATH)") from None
+    except Exception as e:  # the module's own code failed (triton without a GPU driver: RuntimeError)
+        first = " ".join(str(e).split()) or "no message"
+        raise RecipeError(f"recipe={target!r}: importing module {module_name!r} failed here ({type(e).__name__}: "
+                          f"{first}); it must import on the host that plans the job and on every rank") from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

@@ -6,6 +6,7 @@ real config groups."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,24 @@ def test_help_shows_the_file_forms_and_no_past_run_as_a_config_group(tmp_path: P
     (tmp_path / "launcher" / "slurm.yaml").write_text("bogus: 1\n")
     out = _cli("mine.yaml", "--cfg", "job", "dry_run=true", cwd=tmp_path).stdout
     assert "bogus" not in out and "max_steps: 3" in out, out
+
+
+def test_a_recipe_module_whose_import_raises_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A recipe module that raises on import (not ImportError: triton's RuntimeError on a host without a GPU
+    driver, which AutoModel's speculative-decoding recipes meet) is a refusal naming the recipe, not a traceback."""
+    (tmp_path / "gpu_only_recipe.py").write_text('raise RuntimeError("0 active drivers ([]). There should only '
+                                                 'be one.")\n')
+    (tmp_path / "mine.yaml").write_text("recipe: gpu_only_recipe:main\nstep_scheduler:\n  max_steps: 3\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH"))
+                                                       if p)}
+    proc = _cli("mine.yaml", "dry_run=true", cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "error: recipe='gpu_only_recipe:main': importing module 'gpu_only_recipe' failed here (RuntimeError: 0 "
+        "active drivers ([]). There should only be one.); it must import on the host that plans the job and on "
+        "every rank")
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("launch"))
 
 
 @pytest.mark.automodel

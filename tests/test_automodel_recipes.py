@@ -69,6 +69,11 @@ USER_MODULE = textwrap.dedent('''
 ''')
 
 
+#: A module whose own import fails with something other than ImportError, as triton's does on a host without a GPU
+#: driver (AutoModel's speculative-decoding recipes import it at module level).
+NEEDS_GPU_MODULE = 'raise RuntimeError("0 active drivers ([]). There should only be one.")\n'
+
+
 @pytest.fixture
 def user_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``my_recipes.train`` (:data:`USER_MODULE`) importable from ``tmp_path / "src"``."""
@@ -76,8 +81,9 @@ def user_pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text(USER_MODULE)
+    (pkg / "needs_gpu.py").write_text(NEEDS_GPU_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
-    for name in ("my_recipes", "my_recipes.train"):
+    for name in ("my_recipes", "my_recipes.train", "my_recipes.needs_gpu"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return tmp_path / "src"
 
@@ -115,6 +121,8 @@ def test_mapping_from_omegaconf(user_pkg: Path) -> None:
     ({"name": "x"}, "recipe=a mapping without _target_ is not a recipe name"),
     (["my_recipes.train:main"], "is not a recipe name"),
     ("no_such_pkg_xyz.train:main", "cannot import module 'no_such_pkg_xyz.train'"),
+    ("my_recipes.needs_gpu:main", "recipe='my_recipes.needs_gpu:main': importing module 'my_recipes.needs_gpu' "
+                                  "failed here (RuntimeError: 0 active drivers ([]). There should only be one.)"),
     ("my_recipes.train:nope", "module 'my_recipes.train' has no attribute 'nope'"),
     ("my_recipes.train.nope", "module 'my_recipes.train' has no attribute 'nope'"),
     ("my_recipes.train:", "is not module:attr or module.attr"),
