@@ -41,7 +41,8 @@ def for_user_config(argv: list[str]) -> list[str]:
     ``profile=nsys``, ``sweep=NAME``) the file's defaults list does not name is added (``+launcher=skypilot``), and
     a key of a section our schema types (:func:`_typed_sections`: the launchers', ``profile``, ``seed``, and for a
     file of the bundled recipe every section) is set, adding it when the file lacks it (``slurm.nodes=2`` ->
-    ``++slurm.nodes=2``); an unknown key there is still refused by the schema, naming it. A recipe's own keys keep
+    ``++slurm.nodes=2``; a launcher's only where the file has its section or the line chooses it, since the section
+    routes the job); an unknown key there is still refused by the schema, naming it. A recipe's own keys keep
     Hydra's rule (the key must be in the file; AutoModel's ``--a.b=c`` adds it)."""
     if not _names_user_config(argv):
         return argv
@@ -49,6 +50,12 @@ def for_user_config(argv: list[str]) -> list[str]:
     sections = _top_level(file) if file is not None else {}
     in_defaults = _default_groups(sections.get("defaults"))
     typed = _typed_sections(sections)
+    # a launcher's section routes the job there: its keys are set only where the file has it or the command line
+    # chooses that launcher (else driver.refuse_unselected_sections says to add launcher=...)
+    from automodel_hydra.config import LAUNCHER_SECTIONS
+
+    chosen = {a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launcher=")}
+    typed -= {s for s in LAUNCHER_SECTIONS if sections.get(s) is None and s not in chosen}
     out = []
     for a in argv:
         key = a.split("=", 1)[0]

@@ -395,8 +395,9 @@ def refuse_shared_paths(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> 
 
 def resume_step(p: Prepared) -> tuple[int, Path] | None:
     """The step and path of the checkpoint the job's ranks will resume from (``restore_from.path``: ``latest`` =
-    the newest complete one in its checkpoint dir; ``D/latest``: that one, else D's, ``checkpoint.resume_target``), read from the step dir's name (``step-N``); None for a fresh
-    start or a checkpoint whose step the name does not give."""
+    the newest complete one in its checkpoint dir; ``D/latest``: that one, else D's, as
+    ``checkpoint.resume_target`` decides), read from the step dir's name (``step-N``); None for a fresh start or a
+    checkpoint whose step the name does not give."""
     cfg = p.cfg
     if not cfg.checkpoint.enabled or cfg.restore_from.path is None:
         return None

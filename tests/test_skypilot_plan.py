@@ -621,8 +621,8 @@ def test_spot_resume_keys_plan_and_resume_from_the_jobs_bucket(sky, tmp_path: Pa
     """The spot-resume keys ``restore_from: {path: /checkpoints/latest}`` and a short
     ``step_scheduler.checkpoint_interval`` plan a managed spot job whose nodes resume from the newest complete
     checkpoint of the job's own dir in its bucket (mounted at /checkpoints); SkyPilot accepts the task."""
-    cfg = load(["skypilot.use_spot=true", "skypilot.cloud=aws", "restore_from.path=/checkpoints/latest",
-                "step_scheduler.checkpoint_interval=5"], tmp_path)
+    cfg = load(["skypilot.use_spot=true", "skypilot.cloud=aws", "skypilot.hf_token=",
+                "restore_from.path=/checkpoints/latest", "step_scheduler.checkpoint_interval=5"], tmp_path)
     p = plan(cfg)
     skypilot.SkyPilot().check([p])
     task = sky.Task.from_yaml_config(yaml.safe_load(p.files[skypilot.TASK_FILE]))
