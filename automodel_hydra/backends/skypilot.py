@@ -223,8 +223,11 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     Raises
     ------
     ConfigError
-        A rule that spans sections: spot needs ``checkpoint.enabled`` and ``restore_from.path: latest`` (a recovered
-        job must resume); ``restore_from.path`` must be ``latest`` or null (a local path is not on the nodes); a
+        A rule that spans sections: spot needs ``checkpoint.enabled`` and ``restore_from.path: latest`` (or
+        ``<checkpoint_mount>/latest``; a recovered job must resume), and for an AutoModel recipe
+        ``checkpoint.enabled`` not false and ``checkpoint.checkpoint_dir`` relative or under the mount;
+        ``restore_from.path`` must be ``latest``, ``<checkpoint_mount>/latest`` or null (a local path is not on
+        the nodes); a
         variable set twice (``env_vars`` and ``env_set``/``hf_token``/``wandb_key``); a malformed reference.
     """
     sc = cfg.skypilot
@@ -338,6 +341,17 @@ def _check(cfg: TrainConfig) -> None:
     sc = cfg.skypilot
     assert sc is not None
     if not cfg.bundled:  # another recipe's sections are its own: it resumes as it does (AutoModel: from LATEST)
+        node = cfg.recipe_sections.get("checkpoint")
+        if sc.use_spot and cfg.automodel and isinstance(node, dict):
+            if node.get("enabled") is False:
+                raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job "
+                                  "resumes from its newest checkpoint (AutoModel's LATEST)")
+            where = node.get("checkpoint_dir")
+            mount = sc.checkpoint_mount.rstrip("/")
+            if isinstance(where, str) and where.startswith(("/", "~")) and not where.startswith(mount + "/"):
+                raise ConfigError("checkpoint.checkpoint_dir", where, f"a relative dir (the job's own, in its "
+                                  f"bucket) or one under {mount}/ with skypilot.use_spot=true: a recovered job's "
+                                  "fresh nodes have only the bucket")
         return
     path = cfg.restore_from.path
     if path is not None and _is_mount_pointer(path, sc):
