@@ -32,17 +32,43 @@ def _names_user_config(argv: list[str]) -> bool:
     return any(a in ("--config-name", "-cn") or a.startswith(("--config-name=", "-cn=")) for a in argv)
 
 
+#: Our config groups (``conf/``), which a user's file has no defaults-list entry for unless it names them.
+GROUPS = ("launcher", "profile", "sweep")
+
+
 def for_user_config(argv: list[str]) -> list[str]:
-    """``argv`` (without the program) adapted as the module docstring says; unchanged when no user config is named."""
+    """``argv`` (without the program) adapted as the module docstring says; unchanged when no user config is named.
+
+    The override forms ``train.py`` takes mean the same for a user's file: a group choice (``launcher=skypilot``,
+    ``profile=nsys``, ``sweep=NAME``) the file's defaults list does not name is added (``+launcher=skypilot``), and
+    a key of a section our schema types (:func:`_typed_sections`: the launchers', ``profile``, ``seed``, and for a
+    file of the bundled recipe every section) is set, adding it when the file lacks it (``slurm.nodes=2`` ->
+    ``++slurm.nodes=2``; a launcher's only where the file has its section or the line chooses it, since the section
+    routes the job); an unknown key there is still refused by the schema, naming it. A recipe's own keys keep
+    Hydra's rule (the key must be in the file; AutoModel's ``--a.b=c`` adds it)."""
     if not _names_user_config(argv):
         return argv
+    file = _named_file(argv)
+    sections = _top_level(file) if file is not None else {}
+    in_defaults = _default_groups(sections.get("defaults"))
+    typed = _typed_sections(sections)
+    # a launcher's section routes the job there: its keys are set only where the file has it or the command line
+    # chooses that launcher (else driver.refuse_unselected_sections says to add launcher=...)
+    from automodel_hydra.config import LAUNCHER_SECTIONS
+
+    chosen = {a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launcher=")}
+    typed -= {s for s in LAUNCHER_SECTIONS if sections.get(s) is None and s not in chosen}
     out = []
     for a in argv:
+        key = a.split("=", 1)[0]
         if a.startswith("--") and "=" in a and not a.startswith(("--config", "--cfg", "--package", "--info",
                                                                     "--experimental")):
             a = "++" + a[2:]  # AutoModel's --a.b=c
-        elif a.startswith("dry_run="):
-            a = "++" + a
+        elif _OVERRIDE.match(a) and not a.startswith(("+", "~")):
+            if key in GROUPS and key not in in_defaults:
+                a = "+" + a
+            elif "/" not in key and key.split(".")[0] in typed:
+                a = "++" + a
         out.append(a)
     keys = {a.split("=", 1)[0].lstrip("+~") for a in out if "=" in a}
     if "hydra/launcher" not in keys:
@@ -54,6 +80,43 @@ def for_user_config(argv: list[str]) -> list[str]:
     if "hydra.sweep.dir" not in keys:
         out.append(f"hydra.sweep.dir={SWEEP_DIR}")
     return out
+
+
+def _named_file(argv: list[str]) -> Path | None:
+    """The user's config file that ``--config-dir D --config-name F`` (``-cd``/``-cn``, ``=`` forms) names, when it
+    exists (``D/F.yaml``); None otherwise (Hydra then reports what it cannot find)."""
+    where: dict[str, str] = {}
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if name in ("--config-dir", "-cd", "--config-name", "-cn"):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            where["dir" if name in ("--config-dir", "-cd") else "name"] = value
+    if "dir" not in where or "name" not in where:
+        return None
+    name = where["name"] if where["name"].endswith(".yaml") else where["name"] + ".yaml"
+    file = Path(where["dir"]).expanduser() / name
+    return file if file.is_file() else None
+
+
+def _default_groups(defaults: tp.Any) -> set[str]:
+    """The config groups a defaults list names (``- launcher: slurm``, ``- override launcher: x``,
+    ``- optional sweep: y``)."""
+    found = set()
+    for entry in defaults if isinstance(defaults, list) else []:
+        for key in entry if isinstance(entry, dict) else []:
+            found.add(str(key).split()[-1].lstrip("/").split("@")[0])
+    return found
+
+
+def _typed_sections(sections: dict[str, tp.Any]) -> set[str]:
+    """Top-level keys of a user's file that our schema types (``automodel_hydra.config``): every ``TrainConfig``
+    field for a file of the bundled recipe (no ``recipe:``), else the sections this product reads whatever the
+    recipe (``LAUNCH_KEYS``) and ``seed``."""
+    from automodel_hydra import config
+
+    if sections.get("recipe") is None:
+        return {f.name for f in dataclasses.fields(config.TrainConfig)} - {"recipe_sections"}
+    return {k for k in config.LAUNCH_KEYS if k != "recipe"}
 
 
 def from_file(path: str, rest: list[str]) -> list[str]:

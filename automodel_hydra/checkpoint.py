@@ -10,6 +10,12 @@ A checkpoint counts as complete once DCP has written its ``.metadata`` and rank 
 save returned (sync) or its future resolved (async). :func:`find_latest` never returns anything else, so a job killed
 mid-save resumes from the previous checkpoint.
 
+``restore_from.path`` names what a job starts from: ``latest`` (the newest complete checkpoint in the job's own dir),
+a step dir, or ``D/latest`` (the pointer file's own path: the newest complete checkpoint in checkpoint dir ``D``,
+:func:`resume_target`), the form of the spot-resume key ``restore_from: {path: /checkpoints/latest}``. A job that
+already has a complete checkpoint of its own resumes that one instead (a requeued or recovered job continues its own
+progress; torchtitan's ``initial_load_path`` follows the same rule); with none in either dir it starts fresh.
+
 Retention (``checkpoint.keep_latest_k``, default 3): after each completed save the older step dirs beyond the newest K
 complete ones are deleted, except the one this run resumed from; 0 keeps all. A new save of a step that already has
 a complete checkpoint (a fresh start over an old run) is written to ``.step-N.partial`` and renamed over the old one
@@ -39,15 +45,17 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from automodel_hydra.paths import METADATA as METADATA
+from automodel_hydra.paths import POINTER as POINTER
+from automodel_hydra.paths import pointer_dir as pointer_dir
+
 logger = logging.getLogger(__name__)
 
 #: State-dict keys (module constants, torchtitan style).
 MODEL_AND_OPTIM = "app"
 TRAIN_STATE = "train_state"
-#: Written into a step dir by rank 0 after the save finished; DCP's own index file is ``.metadata``.
+#: Written into a step dir by rank 0 after the save finished; DCP's own index file is ``.metadata`` (METADATA).
 COMPLETE_MARKER = ".complete"
-METADATA = ".metadata"
-POINTER = "latest"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -127,6 +135,21 @@ def find_latest(ckpt_dir: str | os.PathLike) -> Path | None:
     return complete[-1] if complete else None
 
 
+def resume_target(ckpt_dir: str | os.PathLike, path: str | os.PathLike | None) -> Path | None:
+    """The checkpoint a job with checkpoint dir ``ckpt_dir`` starts from, for ``restore_from.path`` ``path``, or
+    None for a fresh start: ``latest`` -> :func:`find_latest` of ``ckpt_dir``; ``D/latest`` (:func:`pointer_dir`)
+    -> the newest complete checkpoint of ``ckpt_dir`` when it has one (the job's own progress), else of ``D``;
+    any other path -> that path as given (checked by the loader); None -> None."""
+    if path is None:
+        return None
+    if str(path) == POINTER:
+        return find_latest(ckpt_dir)
+    source = pointer_dir(path)
+    if source is None:
+        return Path(path)
+    return find_latest(ckpt_dir) or find_latest(source)
+
+
 class CheckpointManager:
     """Saves and restores ``{name: Stateful | tensor | value}`` state as ``<dir>/step-N`` DCP checkpoints.
 
@@ -170,9 +193,11 @@ class CheckpointManager:
             self._save(step, state)
 
     def load(self, state: dict[str, tp.Any], path: str | os.PathLike | None = "latest") -> int:
-        """Restore ``state`` in place from ``"latest"`` (newest complete checkpoint in the dir), a step dir, or None.
+        """Restore ``state`` in place from ``"latest"`` (newest complete checkpoint in the dir), ``D/latest`` (the
+        newest complete one of this dir, else of ``D``: :func:`resume_target`), a step dir, or None.
 
-        Returns the restored step, 0 for a fresh start (None, disabled, or "latest" with no complete checkpoint).
+        Returns the restored step, 0 for a fresh start (None, disabled, or "latest" / ``D/latest`` with no complete
+        checkpoint).
 
         Raises
         ------
@@ -247,14 +272,16 @@ class CheckpointManager:
             shutil.rmtree(p, ignore_errors=True)
 
     def _load(self, state: dict[str, tp.Any], path: str | os.PathLike) -> int:
-        target = find_latest(self.dir) if str(path) == "latest" else Path(path)
+        target = resume_target(self.dir, path)
         if _dist_on() and dist.get_world_size() > 1:  # every rank loads what rank 0 saw
             box = [target]
             dist.broadcast_object_list(box, src=0)
             target = box[0]
         if target is None:
             if _rank() == 0:
-                logger.info("no complete checkpoint in %s: fresh start", self.dir)
+                source = pointer_dir(path)
+                where = f"{self.dir} or {source}" if source is not None else str(self.dir)
+                logger.info("no complete checkpoint in %s: fresh start", where)
             return 0
         if not (Path(target) / METADATA).is_file():
             raise FileNotFoundError(f"restore_from.path={str(target)!r} is not a checkpoint (no {METADATA})")

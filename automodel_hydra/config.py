@@ -158,7 +158,8 @@ class CheckpointConfig:
 
 @dataclass
 class RestoreFromConfig:
-    # "latest" = newest complete checkpoint in checkpoint.dir (fresh start when none); a checkpoint path; or null
+    # "latest" = newest complete checkpoint in checkpoint.dir (fresh start when none); D/latest = the newest complete
+    # one in checkpoint dir D (checkpoint.dir's own first: automodel_hydra/checkpoint.py); a checkpoint path; or null
     path: tp.Optional[str] = "latest"
 
 
@@ -277,6 +278,9 @@ class TrainConfig:
 #: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
 LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", "fault_tolerance", *LAUNCHER_SECTIONS,
                "recipe")
+#: The bundled recipe's keys among :data:`LAUNCH_KEYS`: another recipe's file keeps its own (158 of AutoModel's
+#: example files have a top-level ``seed`` its recipes read, ``cfg.get("seed", 42)``), so it reaches that recipe.
+BUNDLED_KEYS = ("seed",)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -451,8 +455,8 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
                     data["slurm"].setdefault(key, copy.deepcopy(value))
         elif isinstance(data.get("slurm"), dict) and kind == "callable":  # named after the user's function
             data["slurm"] = {"job_name": recipes.recipe_target(data["recipe"]), **data["slurm"]}
-        sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe"}
-        data = {k: v for k, v in data.items() if k in LAUNCH_KEYS}
+        sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe" or k in BUNDLED_KEYS}
+        data = {k: v for k, v in data.items() if k in LAUNCH_KEYS and k not in BUNDLED_KEYS}
         data["recipe_sections"] = _escape(sections)
     else:
         _normalise_aliases(data)
@@ -489,11 +493,19 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
 
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     """Paths the ranks will read, checked on the submitting host (the same filesystem for local and bare-metal
-    Slurm jobs): ``data.path``, ``restore_from.path``."""
+    Slurm jobs): ``data.path``, ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet)."""
+    from automodel_hydra.paths import pointer_dir
+
     problems = []
     if cfg.data.source != "pydoc" and cfg.data.path and not Path(cfg.data.path).is_file():
         problems.append(ConfigError("data.path", cfg.data.path, "an existing file"))
     path = cfg.restore_from.path
+    source = pointer_dir(path)
+    if source is not None:  # D/latest: D need not exist yet (a first run starts fresh), but must be a dir
+        if source.exists() and not source.is_dir():
+            problems.append(ConfigError("restore_from.path", path, f"{source} is not a directory; valid: 'latest', "
+                                        "null, D/latest for a checkpoint dir D, or a step-N checkpoint dir"))
+        return problems
     if path not in (None, "latest") and not Path(path).is_dir():
         problems.append(ConfigError("restore_from.path", path,
                                     "'latest', null, or an existing checkpoint directory (a step-N dir)"))
@@ -515,15 +527,15 @@ def schema() -> DictConfig:
 
 def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
     """What every rank reads (``launch/job.yaml``): the recipe's sections without launcher sections — the bundled
-    recipe's resolved, another recipe's as written (its ``recipe:`` key included) — plus ``output_dir``,
-    ``seed``, ``profile`` and ``dist_env``."""
+    recipe's resolved (with ``seed`` and ``dist_env``), another recipe's as written (its ``recipe:`` and ``seed``
+    keys included, nothing of the bundled recipe's added) — plus ``output_dir`` and ``profile``."""
     spec = dataclasses.asdict(cfg)
     for section in ("interactive", "fault_tolerance", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
         spec.pop(section, None)
     if cfg.bundled:
         spec.pop("recipe", None)
         return spec
-    ours = {k: spec[k] for k in ("output_dir", "seed", "profile")}
+    ours = {k: spec[k] for k in ("output_dir", "profile")}  # the recipe's sections as written, ``seed`` included
     return {**cfg.recipe_sections, **ours}
 
 

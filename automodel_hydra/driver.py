@@ -395,18 +395,22 @@ def refuse_shared_paths(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> 
 
 def resume_step(p: Prepared) -> tuple[int, Path] | None:
     """The step and path of the checkpoint the job's ranks will resume from (``restore_from.path``: ``latest`` =
-    the newest complete one in its checkpoint dir), read from the step dir's name (``step-N``); None for a fresh
-    start or a checkpoint whose step the name does not give."""
+    the newest complete one in its checkpoint dir; ``D/latest``: that one, else D's, as
+    ``checkpoint.resume_target`` decides), read from the step dir's name (``step-N``); None for a fresh start or a
+    checkpoint whose step the name does not give."""
     cfg = p.cfg
     if not cfg.checkpoint.enabled or cfg.restore_from.path is None:
         return None
-    if cfg.restore_from.path == "latest":
+    source = paths.pointer_dir(cfg.restore_from.path)
+    if cfg.restore_from.path == "latest" or source is not None:
         ckpt_dir = checkpoint_path(p)
-        if not ckpt_dir.is_dir() or not any(ckpt_dir.iterdir()):
+        if source is not None and not source.is_absolute():
+            source = (p.job.workdir or Path.cwd()) / source
+        if not any(d.is_dir() and any(d.iterdir()) for d in (ckpt_dir, *([source] if source else []))):
             return None
-        from automodel_hydra.checkpoint import find_latest  # imports torch: only when there is something to find
+        from automodel_hydra.checkpoint import resume_target  # imports torch: only when there is something to find
 
-        target = find_latest(ckpt_dir)
+        target = resume_target(ckpt_dir, "latest" if source is None else source / paths.POINTER)
     else:
         target = Path(cfg.restore_from.path)
         if not target.is_absolute():

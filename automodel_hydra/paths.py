@@ -35,6 +35,24 @@ from automodel_hydra.schema import ConfigError
 if tp.TYPE_CHECKING:
     from automodel_hydra.config import TrainConfig
 
+#: A checkpoint dir's pointer to its newest complete step dir, and DCP's index file in every checkpoint
+#: (automodel_hydra.checkpoint has the layout; named here so that planning knows them without importing torch).
+POINTER = "latest"
+METADATA = ".metadata"
+
+
+def pointer_dir(path: str | os.PathLike | None) -> Path | None:
+    """The checkpoint dir ``D`` that ``restore_from.path`` names in the form ``D/latest`` (:data:`POINTER`, the
+    pointer file's own path), else None: for ``latest`` itself, None, a path with another last component, and a
+    dir named ``latest`` that holds a checkpoint (``.metadata``: an explicit step dir, as any other)."""
+    if path is None or str(path) == POINTER:
+        return None
+    p = Path(path)
+    if p.name != POINTER or (p / METADATA).is_file():
+        return None
+    return p.parent
+
+
 #: Leaf key names, anywhere in a recipe's sections (not the bundled recipe's), whose value is a dir the job writes:
 #: AutoModel's ``checkpoint.checkpoint_dir`` and the names recipes commonly use for a written dir.
 WRITTEN_DIR_KEYS = ("checkpoint_dir", "ckpt_dir", "save_dir", "log_dir", "output_dir")

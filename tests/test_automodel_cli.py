@@ -131,3 +131,49 @@ def test_an_older_file_trains_with_the_commands_recipe_on_nproc_ranks(tiny_llama
     assert "--nproc_per_node=2" in (run / "launch" / "torchrun.sh").read_text()
     rows = [json.loads(line) for line in (tmp_path / "ckpt" / "training.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
+
+
+def test_trainpy_override_forms_mean_the_same_for_a_users_file(tmp_path: Path) -> None:
+    """``launcher=``, ``profile=``, ``sweep=`` and keys of our sections, written as for ``train.py``: group choices
+    the file's defaults list lacks are added, our sections' keys set; a recipe key keeps Hydra's rule."""
+    out = _overrides(argv.from_automodel_cli([str(SQUAD_YAML), "launcher=skypilot", "profile=nsys", "sweep=x",
+                                              "skypilot.num_nodes=2", "interactive.nproc_per_node=2", "seed=3",
+                                              "optimizer.lr=1e-4", "hydra.run.dir=R", "+launcher=slurm"]))
+    assert out[:9] == ["+launcher=skypilot", "+profile=nsys", "+sweep=x", "++skypilot.num_nodes=2",
+                       "++interactive.nproc_per_node=2", "++seed=3", "optimizer.lr=1e-4", "hydra.run.dir=R",
+                       "+launcher=slurm"]
+    # a launcher's key without its section or launcher= choice: not added (it would route the job there)
+    assert _overrides(argv.from_automodel_cli([str(SQUAD_YAML), "slurm.nodes=2"]))[0] == "slurm.nodes=2"
+    chooses = tmp_path / "chooses.yaml"  # a file whose defaults list names the group: a plain choice, as Hydra's
+    chooses.write_text("defaults:\n  - launcher: slurm\n  - _self_\nrecipe: my.mod:main\n")
+    assert _overrides(argv.from_automodel_cli([str(chooses), "launcher=skypilot"]))[0] == "launcher=skypilot"
+    bundled = tmp_path / "bundled.yaml"  # no recipe: every section is the bundled recipe's, typed by our schema
+    bundled.write_text("skypilot:\n  cloud: gcp\n")
+    assert _overrides(argv.from_automodel_cli([str(bundled), "optim.lr=1e-4"]))[0] == "++optim.lr=1e-4"
+
+
+@pytest.mark.automodel
+@pytest.mark.slow
+def test_launcher_and_profile_choices_on_an_automodel_file_dry_run(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """The README's ``train.py`` forms on AutoModel's file through the real CLI (dry runs, nothing launched):
+    ``launcher=skypilot skypilot.accelerators=... skypilot.num_nodes=2`` plans a two-node task that SkyPilot's own
+    schema accepts; ``launcher=slurm slurm.nodes=2 profile=nsys`` a two-node Slurm job with every rank under nsys."""
+    pytest.importorskip("nemo_automodel")
+    env = {**rank_env(), "HOME": str(tmp_path / "home")}
+    model = f"--model.pretrained_model_name_or_path={tiny_llama_dir}"
+    runs = {"on_sky": ["launcher=skypilot", "skypilot.accelerators=H100:8", "skypilot.num_nodes=2",
+                    "skypilot.hf_token=", "--step_scheduler.global_batch_size=128"],
+            "on_slurm": ["launcher=slurm", "slurm.nodes=2", "slurm.ntasks_per_node=1", "profile=nsys"]}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "automodel_hydra.cli", str(SQUAD_YAML), *args, model,
+                                     "dry_run=true", f"hydra.run.dir={tmp_path / name}"], env=env, cwd=tmp_path,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, args in runs.items()}
+    for name, proc in procs.items():
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0 and "dry run: wrote" in out, f"{name}:\n{out[-3000:]}"
+    import yaml
+
+    task = yaml.safe_load((tmp_path / "on_sky" / "launch" / "sky_task.yaml").read_text())
+    assert (task["num_nodes"], task["resources"]["accelerators"]) == (2, "H100:8")
+    sbatch = (tmp_path / "on_slurm" / "launch" / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "nsys profile" in sbatch

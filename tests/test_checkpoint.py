@@ -267,3 +267,43 @@ def _two_rank_worker(rank: int, port: int, root: str) -> None:
 @pytest.mark.slow  # spawns 2 processes
 def test_two_ranks_gloo(tmp_path):
     mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+
+
+def test_resume_target_of_a_latest_path(tmp_path):
+    """``D/latest``: the newest complete checkpoint of the job's own dir, else of D; a fresh start with neither."""
+    own, other = tmp_path / "own", tmp_path / "other"
+    for d, steps in ((other, (2, 4)), (own, ())):
+        for step in steps:
+            CheckpointManager(d, keep_latest_k=0).save(step, {"w": torch.ones(1)})
+    (other / "step-6").mkdir()
+    (other / "step-6" / ck.METADATA).write_text("")  # a newer save that never completed (no marker)
+    (other / ck.POINTER).unlink()  # and the pointer lost: the scan must still skip step-6
+    assert ck.resume_target(own, other / "latest") == other / "step-4"
+    assert ck.resume_target(own, tmp_path / "nothing" / "latest") is None  # fresh start
+    CheckpointManager(own).save(8, {"w": torch.ones(1)})
+    assert ck.resume_target(own, other / "latest") == own / "step-8"  # a restarted job continues its own progress
+    assert ck.resume_target(own, "latest") == own / "step-8" and ck.resume_target(own, None) is None
+    assert ck.pointer_dir(other / "step-4") is None and ck.pointer_dir("latest") is None
+
+
+@pytest.mark.slow
+def test_a_run_resumes_the_newest_complete_checkpoint_of_a_latest_path(tmp_path):
+    """Two real 2-rank runs: A checkpoints steps 2 and 4; a newer save of A (step 6) never completed and A's pointer
+    is lost. B, in a new run dir with ``restore_from.path=<A>/checkpoints/latest`` (the spot-resume key's form),
+    resumes A's step 4; run again (a requeue), B continues from its own step 6, not from A's again."""
+    import shutil
+
+    from tests.helpers import metrics, train_py
+
+    two = ("interactive.nproc_per_node=2", "step_scheduler.checkpoint_interval=2", "step_scheduler.log_interval=1")
+    a, b = tmp_path / "A", tmp_path / "B"
+    train_py(f"hydra.run.dir={a}", *two, "step_scheduler.max_steps=4")
+    shutil.copytree(a / "checkpoints" / "step-4", a / "checkpoints" / "step-6")
+    (a / "checkpoints" / "step-6" / ck.COMPLETE_MARKER).unlink()
+    (a / "checkpoints" / ck.POINTER).unlink()
+    latest = f"restore_from.path={a}/checkpoints/latest"
+    first = train_py(f"hydra.run.dir={b}", *two, latest, "step_scheduler.max_steps=6")
+    assert f"restored step 4 from {a}/checkpoints/step-4" in first.stdout, first.stdout[-3000:]
+    assert [m["step"] for m in metrics(b) if "loss" in m][:1] == [5]
+    again = train_py(f"hydra.run.dir={b}", *two, latest, "step_scheduler.max_steps=8")
+    assert f"restored step 6 from {b}/checkpoints/step-6" in again.stdout, again.stdout[-3000:]

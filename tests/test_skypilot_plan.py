@@ -576,3 +576,58 @@ def test_bridge_checks_states_and_refuses_in_skypilots_own_python(tmp_path: Path
     monkeypatch.setenv(skypilot_bridge.ENV_VAR, str(tmp_path / "nope" / "python"))
     with pytest.raises(PreflightError, match=f"^{skypilot_bridge.ENV_VAR}=.*is not an executable file"):
         skypilot.SkyPilot().check([good])
+
+
+# ------------------------------------------------------------------------------------ an AutoModel file on SkyPilot
+
+#: AutoModel's SQuAD fine-tuning file (tests/data/automodel), read as YAML: its sections, with AutoModel's key names.
+SQUAD = yaml.safe_load((Path(__file__).parent / "data" / "automodel" / "llama3_2_1b_squad.yaml").read_text())
+
+
+@pytest.mark.parametrize("shape", ["with-checkpoint-section", "without-checkpoint-section"])
+def test_automodel_file_reaches_the_nodes_unchanged_and_nodes_install_automodel(shape: str, sky) -> None:
+    """An AutoModel file with AutoModel's own ``skypilot:`` block: the planned rank config is the file's sections as
+    written (``seed`` included, no key of the bundled recipe added), SkyPilot's own schema accepts the task, and the
+    nodes' setup installs NeMo AutoModel (GPU nodes: without the CPU machines' triton pin)."""
+    sections = {k: v for k, v in SQUAD.items() if not (shape.startswith("without") and k == "checkpoint")}
+    sections["seed"] = 7  # a top-level key AutoModel's recipes read (cfg.get("seed", 42))
+    p = plan(config.load({**sections, "output_dir": "/runs/out",
+                          "skypilot": {"cloud": "gcp", "accelerators": "A100:8", "hf_token": ""}}))
+    skypilot.SkyPilot().check([p])  # SkyPilot's schema and sky.Task
+    assert sky.Task.from_yaml_config(yaml.safe_load(p.files[skypilot.TASK_FILE])).num_nodes == 1
+    node = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
+    ours = {k: node.pop(k) for k in ("output_dir", "profile")}
+    assert node == sections  # every section as the user wrote it, and nothing else
+    assert ours["output_dir"] == f"/checkpoints/{p.request.name}"  # spot: the run's dir in its bucket
+    setup = p.request.task["setup"]
+    assert f"python -m pip install -e '.[{skypilot.AUTOMODEL_EXTRA}]'" in setup
+    cpu = plan(config.load({**sections, "output_dir": "/runs/out", "skypilot": {"accelerators": None}}))
+    assert "install -e '.[automodel]'" in cpu.request.task["setup"]  # a CPU node: the pinned triton, as here
+    if "checkpoint" in sections:  # spot: checkpoints a recovered job's fresh nodes cannot find are refused
+        for key, value in (("enabled", False), ("checkpoint_dir", "/scratch/ckpt")):
+            lost = {**sections, "checkpoint": {**sections["checkpoint"], key: value}}
+            with pytest.raises(ConfigError, match=f"checkpoint.{key}="):
+                plan(config.load({**lost, "output_dir": "/runs/out", "skypilot": {"cloud": "gcp"}}))
+    bundled = plan(load_block({"skypilot": {"cloud": "gcp"}}))
+    assert "install -e .\n" in bundled.request.task["setup"]  # the bundled recipe needs no AutoModel
+
+
+def test_spot_resume_keys_plan_and_resume_from_the_jobs_bucket(sky, tmp_path: Path) -> None:
+    """The spot-resume keys ``restore_from: {path: /checkpoints/latest}`` and a short
+    ``step_scheduler.checkpoint_interval`` plan a managed spot job whose nodes resume from the newest complete
+    checkpoint of the job's own dir in its bucket (mounted at /checkpoints); SkyPilot accepts the task."""
+    cfg = load(["skypilot.use_spot=true", "skypilot.cloud=aws", "skypilot.hf_token=",
+                "restore_from.path=/checkpoints/latest", "step_scheduler.checkpoint_interval=5"], tmp_path)
+    p = plan(cfg)
+    skypilot.SkyPilot().check([p])
+    task = sky.Task.from_yaml_config(yaml.safe_load(p.files[skypilot.TASK_FILE]))
+    assert p.request.managed and task.resources.pop().use_spot
+    assert task.storage_mounts["/checkpoints"].name == FACTS.auto_bucket
+    on_node = config.load_rank(yaml.safe_load(p.files[skypilot.NODE_JOB_FILE]))
+    assert on_node.checkpoint_dir == f"/checkpoints/{p.request.name}/checkpoints"
+    assert on_node.restore_from.path == "latest" and on_node.step_scheduler.checkpoint_interval == 5
+    # another mount point: the same key names that one; any other path stays refused, naming the field
+    moved = load(["skypilot.checkpoint_mount=/ckpt", "restore_from.path=/ckpt/latest"], tmp_path)
+    assert config.load_rank(yaml.safe_load(plan(moved).files[skypilot.NODE_JOB_FILE])).restore_from.path == "latest"
+    with pytest.raises(ConfigError, match=r"restore_from.path.*'/ckpt/latest'"):
+        plan(load(["skypilot.checkpoint_mount=/ckpt", "restore_from.path=/checkpoints/latest"], tmp_path))

@@ -614,3 +614,21 @@ def test_an_array_task_logs_its_array_id_not_its_raw_job_id() -> None:
     single = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, check=True,
                             env=env).stderr
     assert "job 4242_8 rendezvous at node1:13992" in array and "job 4250 rendezvous" in single
+
+
+def test_spot_resume_keys_plan_on_slurm(tmp_path: Path) -> None:
+    """``restore_from: {path: /checkpoints/latest}`` with a short ``step_scheduler.checkpoint_interval``: the
+    submitting host's checks accept it although ``/checkpoints`` holds nothing yet (a first run starts fresh), the
+    job is planned, and every rank reads the path as written (``checkpoint.resume_target`` resolves it there)."""
+    from automodel_hydra.config import host_problems, rank_spec
+
+    keys = ["restore_from.path=/checkpoints/latest", "step_scheduler.checkpoint_interval=100"]
+    cfg = load(keys)
+    assert host_problems(cfg) == []
+    p = slurm.Slurm().plan(cfg, JOB)
+    assert "automodel_hydra.worker" in p.files["sbatch.sh"]
+    spec = config.load_rank(rank_spec(cfg))
+    assert (spec.restore_from.path, spec.step_scheduler.checkpoint_interval) == ("/checkpoints/latest", 100)
+    (tmp_path / "file").write_text("")  # D/latest with D a file: one line naming the field
+    (problem,) = host_problems(load([f"restore_from.path={tmp_path}/file/latest"]))
+    assert problem.key == "restore_from.path" and "is not a directory" in str(problem)

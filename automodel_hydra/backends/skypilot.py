@@ -52,6 +52,7 @@ from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
 from automodel_hydra.envvars import expand, parse
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
+from automodel_hydra.paths import POINTER
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix
 from automodel_hydra.schema import ConfigError, require
@@ -223,8 +224,11 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     Raises
     ------
     ConfigError
-        A rule that spans sections: spot needs ``checkpoint.enabled`` and ``restore_from.path: latest`` (a recovered
-        job must resume); ``restore_from.path`` must be ``latest`` or null (a local path is not on the nodes); a
+        A rule that spans sections: spot needs ``checkpoint.enabled`` and ``restore_from.path: latest`` (or
+        ``<checkpoint_mount>/latest``; a recovered job must resume), and for an AutoModel recipe
+        ``checkpoint.enabled`` not false and ``checkpoint.checkpoint_dir`` relative or under the mount;
+        ``restore_from.path`` must be ``latest``, ``<checkpoint_mount>/latest`` or null (a local path is not on
+        the nodes); a
         variable set twice (``env_vars`` and ``env_set``/``hf_token``/``wandb_key``); a malformed reference.
     """
     sc = cfg.skypilot
@@ -240,7 +244,11 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
 
     node = rank_spec(cfg)
     node.update(output_dir=_yaml_path(out))
-    node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
+    if cfg.bundled:  # the bundled recipe's own keys; another recipe's sections reach the nodes as written, its
+        # relative written dirs (AutoModel's checkpoint.checkpoint_dir: checkpoints/) anchored under output_dir there
+        node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
+        if cfg.restore_from.path is not None and _is_mount_pointer(cfg.restore_from.path, sc):
+            node["restore_from"]["path"] = "latest"  # <mount>/latest: the job's own checkpoints in its bucket
     if cfg.data.source == "file" and cfg.data.path:  # the local text file travels with the job
         file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
         node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
@@ -254,7 +262,7 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
         warnings.warn(f"skypilot.checkpoint_bucket=null with skypilot.num_nodes={sc.num_nodes}: each node keeps its "
                       "own checkpoint files; resuming needs a bucket shared by all nodes", stacklevel=2)
     ft = cfg.fault_tolerance if cfg.fault_tolerance.enabled else None
-    extra = f"[{fault_tolerance.EXTRA}]" if ft is not None else ""  # ft_launcher on every node
+    extra = _extras(cfg, sc)
     install = f"{PROJECT_INSTALL} {_sh('.' + extra)}"
     if sc.workdir is not None:  # the workdir is the user's: this project travels beside it
         file_mounts[PROJECT_MOUNT] = str(job.project_root)
@@ -290,6 +298,30 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None, name=key)  # the task's name
 
 
+#: The extra with NeMo AutoModel for a GPU node (pyproject.toml says why it is not the ``automodel`` extra).
+AUTOMODEL_EXTRA, AUTOMODEL_CPU_EXTRA = "automodel-gpu", "automodel"
+
+
+def _extras(cfg: TrainConfig, sc: SkyPilotConfig) -> str:
+    """This project's extras the nodes install (``[a,b]`` or ``""``): NeMo AutoModel for an AutoModel recipe (as
+    AutoModel's own launcher installs its package in the task's setup), :data:`AUTOMODEL_EXTRA` on GPU nodes and
+    the CPU one (with its triton pin) when ``accelerators`` is null; ft_launcher with ``fault_tolerance.enabled``."""
+    names = []
+    if cfg.automodel:
+        names.append(AUTOMODEL_EXTRA if sc.accelerators else AUTOMODEL_CPU_EXTRA)
+    if cfg.fault_tolerance.enabled:
+        names.append(fault_tolerance.EXTRA)
+    return f"[{','.join(names)}]" if names else ""
+
+
+def _is_mount_pointer(path: str, sc: SkyPilotConfig) -> bool:
+    """Whether ``restore_from.path`` is ``<checkpoint_mount>/latest`` (the spot-resume key
+    ``restore_from: {path: /checkpoints/latest}``): on the nodes the mount holds the job's own checkpoints, in its
+    run key's dir of the bucket, so this means ``latest`` there. Pure: compares text only."""
+    mount = sc.checkpoint_mount.rstrip("/") or "/"
+    return os.path.normpath(path) == os.path.join(mount, POINTER)
+
+
 def _bucket(sc: SkyPilotConfig, facts: Facts) -> str | None:
     """The bucket of the job's outputs. ``auto``: the per-user bucket when the job needs one (spot: a recovered job
     resumes from it; several nodes: one shared checkpoint), except a kubernetes on-demand job (a cluster often has
@@ -309,15 +341,32 @@ def _down(sc: SkyPilotConfig, bucket: str | None) -> bool:
 def _check(cfg: TrainConfig) -> None:
     sc = cfg.skypilot
     assert sc is not None
+    if not cfg.bundled:  # another recipe's sections are its own: it resumes as it does (AutoModel: from LATEST)
+        node = cfg.recipe_sections.get("checkpoint")
+        if sc.use_spot and cfg.automodel and isinstance(node, dict):
+            if node.get("enabled") is False:
+                raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job "
+                                  "resumes from its newest checkpoint (AutoModel's LATEST)")
+            where = node.get("checkpoint_dir")
+            mount = sc.checkpoint_mount.rstrip("/")
+            if isinstance(where, str) and where.startswith(("/", "~")) and not where.startswith(mount + "/"):
+                raise ConfigError("checkpoint.checkpoint_dir", where, f"a relative dir (the job's own, in its "
+                                  f"bucket) or one under {mount}/ with skypilot.use_spot=true: a recovered job's "
+                                  "fresh nodes have only the bucket")
+        return
     path = cfg.restore_from.path
+    if path is not None and _is_mount_pointer(path, sc):
+        path = "latest"
+    mine = f"'latest' or '{sc.checkpoint_mount.rstrip('/')}/{POINTER}' (both: this job's newest checkpoint"
     if path not in (None, "latest"):
-        raise ConfigError("restore_from.path", path, "'latest' or null on SkyPilot (a local checkpoint path does not "
-                          "exist on the nodes; put it in the bucket and use skypilot.run_name to resume from it)")
+        raise ConfigError("restore_from.path", path, f"{mine}), or null on SkyPilot (a local checkpoint path does "
+                          "not exist on the nodes; put it in the bucket and use skypilot.run_name to resume from it)")
     if sc.use_spot and not cfg.checkpoint.enabled:
         raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job resumes "
                           "from its newest checkpoint")
     if sc.use_spot and path != "latest":
-        raise ConfigError("restore_from.path", path, "'latest' with skypilot.use_spot=true: a recovered job resumes")
+        raise ConfigError("restore_from.path", path, f"{mine}) with skypilot.use_spot=true: a recovered job "
+                          "resumes")
 
 
 def _header(p: Request) -> str:

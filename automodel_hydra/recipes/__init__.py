@@ -113,7 +113,8 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
     gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig. For the last two, a
     relative written dir (``checkpoint.checkpoint_dir: checkpoints/``; :data:`automodel_hydra.paths.WRITTEN_DIR_KEYS`)
     is made absolute under the job's ``output_dir`` (the argument, else ``cfg``'s own key) first, so that each job
-    of a sweep writes its own.
+    of a sweep writes its own; an AutoModel recipe's ``checkpoint.checkpoint_dir`` left out counts as AutoModel's
+    default ``checkpoints/`` (:func:`.automodel.with_checkpoint_dir`).
 
     Returns the final metrics as a dict that always has ``stopped_early``.
 
@@ -131,6 +132,10 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
     plain = tp.cast(dict[str, tp.Any], OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig)
                     else dict(cfg))
     output_dir = output_dir or plain.get("output_dir")
+    if recipe.kind == "automodel":
+        from automodel_hydra.recipes import automodel
+
+        plain = automodel.with_checkpoint_dir(plain)  # AutoModel's own default, anchored below as a written dir
     if output_dir:
         plain = anchored_sections(plain, str(output_dir))
     if recipe.kind == "automodel":

@@ -51,6 +51,25 @@ def recipe_sections(cfg: Mapping[str, tp.Any]) -> dict[str, tp.Any]:
     return copy.deepcopy(split_sections(cfg)[1])
 
 
+#: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``,
+#: ``nemo_automodel/components/checkpoint/config.py``; its recipe then checkpoints there, relative to the cwd).
+DEFAULT_CHECKPOINT_DIR = "checkpoints/"
+
+
+def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
+    """``sections`` with AutoModel's default ``checkpoint.checkpoint_dir`` written out when the file leaves it out
+    (a copy; the input is not changed), so that the job's relative-dir rule (``automodel_hydra.paths``) anchors it
+    under the job's output dir like a written one: on a SkyPilot node that is the run's dir in its bucket, where a
+    recovered spot job finds its checkpoints, instead of the synced workdir on the lost node's disk. A
+    ``checkpoint:`` that is not a mapping is left to AutoModel's loader."""
+    node = sections.get("checkpoint")
+    if node is not None and not isinstance(node, dict) or isinstance(node, dict) and "checkpoint_dir" in node:
+        return sections
+    out = dict(sections)
+    out["checkpoint"] = {**(node or {}), "checkpoint_dir": DEFAULT_CHECKPOINT_DIR}
+    return out
+
+
 def with_stop_signals(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     """``sections`` with :data:`STOP_SIGNALS` added to ``step_scheduler.preemption_signal`` (a copy; the input is
     not changed). Absent key: AutoModel's default ``SIGTERM`` plus ``SIGUSR2``. An explicit null stays null
