@@ -247,6 +247,11 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     except (SystemExit, KeyboardInterrupt):
         raise  # a stop's own orderly exit (EXIT_STOPPED), not a failure
     except BaseException as e:
+        from automodel_hydra.schema import UserError
+
+        if isinstance(e, UserError):  # a mistake the user can fix: its one line, no traceback
+            log.error("rank %d failed: %s: %s", env.rank, type(e).__name__, e)
+            raise
         log.error("rank %d failed", env.rank, exc_info=e)
         cause = failure_cause(e)
         if cause is e:
