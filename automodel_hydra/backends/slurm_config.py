@@ -118,11 +118,12 @@ class SlurmConfig:
     time: str = "04:00:00"
     account: tp.Optional[str] = None
     partition: tp.Optional[str] = None
-    # Enroot/Pyxis image (srun --container-image)
+    # Enroot/Pyxis image (srun --container-image); a stock image works: the tasks run the code snapshot, mounted
+    # with the run dir and put on PYTHONPATH inside the container (docs/slurm.md, "Containers")
     container_image: tp.Optional[str] = None
-    # containers: a path inside the container where this project's source is mounted (put on PYTHONPATH there);
-    # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
-    # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
+    # containers: a path inside the container where this project's live source is mounted instead of the snapshot
+    # (put on PYTHONPATH there); or AutoModel's form, its source on the host -> a path in the container
+    # ("/src:/opt/Automodel" or {source, dest}): that is mounted and put on PYTHONPATH after this project's
     nemo_mount: tp.Any = None
     # Hugging Face cache (AutoModel's hf_home): exported as HF_HOME on the ranks, created by the job when missing,
     # and mounted at the same path when a container is used; "~/..." is the job user's home on the nodes. null = no
