@@ -159,3 +159,15 @@ def test_the_job_runs_the_worker_from_the_mounted_snapshot_in_a_python_without_t
     # imported from the snapshot (the interpreter wrote its bytecode beside the copy's sources)
     assert list((job.code_dir / snapshot.LIB_DIR / "automodel_hydra" / "__pycache__").glob("worker.*.pyc")), log
 
+
+
+def test_a_recipe_only_the_image_has_plans_and_an_interactive_run_refuses_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``recipe: lab_tools.train:main`` installed only in the image: the submitting host cannot import it."""
+    recipe = {"recipe": "lab_tools_only_in_the_image.train:main", "output_dir": str(tmp_path)}
+    cfg = config.load({**recipe, "slurm": {"container_image": IMAGE, "ntasks_per_node": 1}})
+    caplog.set_level("INFO", logger="automodel_hydra.driver")
+    driver.check_recipe(cfg, set(), here=False)
+    assert "recipe=lab_tools_only_in_the_image.train:main does not import on this machine" in caplog.text
+    with pytest.raises(ValueError, match="cannot import module 'lab_tools_only_in_the_image.train'"):
+        driver.check_recipe(config.load(recipe), set(), here=True)
