@@ -114,22 +114,30 @@ def split_sections(cfg: Mapping[str, tp.Any]) -> tuple[dict[str, tp.Any], dict[s
     return launcher, recipe
 
 
-def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_unset_env: bool = False) -> None:
+def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_unset_env: bool = False,
+                             ranks_here: bool = True) -> list[tuple[str, str]]:
     """Load every value of ``recipe_sections`` with AutoModel's loader, as a rank will; a no-op when
-    ``nemo_automodel`` is not installed.
+    ``nemo_automodel`` is not installed. Returns the ``(dotted key, target)`` pairs left to the ranks (below).
 
     Each leaf goes through ``ConfigNode`` on its own, so the error names its key: ``_target_`` and ``*_fn`` values
     are imported (AutoModel 0.7.0 imports any module found on ``sys.path`` and refuses private or dunder attributes
     unless ``NEMO_ENABLE_USER_MODULES=1``; ``path/file.py:attr`` targets load that file), ``${VAR}`` /
     ``${VAR,default}`` / ``${oc.env:VAR}`` / ``$VAR`` are expanded from this process's environment.
     ``allow_unset_env=True`` accepts a variable that is unset here (one that only the compute nodes set).
+    ``ranks_here=False`` (the ranks run elsewhere: a Slurm node, a container, a cloud VM): a ``_target_`` / ``*_fn``
+    whose module does not import on this machine (:func:`automodel_hydra.recipe_names.importable_here`: not
+    installed here, or its import fails here, as Transformer Engine's does on a CPU login node) is left to the ranks,
+    which import it first thing (:func:`automodel_hydra.recipes.automodel.run`); one that imports here is checked.
 
     Raises RecipeSectionError naming the dotted key and AutoModel's reason."""
     quiet.install()
     try:
         from nemo_automodel.components.config.loader import ConfigNode
     except ImportError:
-        return
+        return []
+    from automodel_hydra.recipe_names import import_problem
+
+    deferred: list[tuple[str, str]] = []
 
     def check(key: str, name: str, value: tp.Any) -> None:
         if isinstance(value, Mapping) or isinstance(value, list) and any(
@@ -144,10 +152,17 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
                 return
             raise RecipeSectionError(key, _one_line(e.args[0] if e.args else e)) from None
         except Exception as e:
-            raise RecipeSectionError(key, f"{type(e).__name__}: {_one_line(e)}") from None
+            problem = (import_problem(value) if isinstance(value, str) and (name == "_target_" or
+                                                                            name.endswith("_fn")) else None)
+            if problem is not None and not ranks_here:
+                deferred.append((key, value))
+                return
+            why = f" ({problem})" if problem is not None and problem not in str(e) else ""
+            raise RecipeSectionError(key, f"{type(e).__name__}: {_one_line(e)}{why}") from None
 
     for k, v in _items(recipe_sections):
         check(str(k), str(k), v)
+    return deferred
 
 
 def model_names(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, str]]:

@@ -437,6 +437,11 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
         container = tp.cast(dict, OmegaConf.to_container(cfg, resolve=False))
     assert isinstance(container, dict)
     data = {str(k): v for k, v in container.items() if k != "hydra"}
+    if "nemo_run" in data:  # AutoModel's NeMo-Run launcher section: ours where it maps, else one line
+        from automodel_hydra.nemo_run_section import translate
+
+        for section, values in translate(data.pop("nemo_run"), [k for k in LAUNCHER_SECTIONS if data.get(k)]).items():
+            data[section] = {**values, **(data.get(section) or {})}  # a key set in the config wins
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
         _normalise_aliases(data, LAUNCH_KEYS)

@@ -336,17 +336,31 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     should_stop)``); AutoModel's own loader accepts the recipe's sections (when AutoModel is installed here); every
     model the ranks load can be fetched where they run, when that is this machine's filesystem (``here``: the
     backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`; SkyPilot nodes and containers fetch on
-    their own). Raises ValueError with one line."""
+    their own). A ``_target_`` (or the recipe itself) that does not import on this machine is checked here only when
+    the ranks are this machine's processes (``interactive``); for any other launcher it is left to the ranks, which
+    import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a CPU login node).
+    Raises ValueError with one line."""
     from automodel_hydra import automodel_files, recipes
 
+    ranks_here = cfg.backend == "interactive"  # the ranks import in this very environment
     if not cfg.bundled:
         target = recipes.recipe_target(cfg.recipe)
         if target is not None and target not in seen:
             seen.add(target)
-            recipe = recipes.resolve(cfg.recipe)
-            if recipe.kind == "automodel":
-                automodel_files.validate_recipe_sections(automodel_files.split_sections(cfg.recipe_sections)[1],
-                                                         allow_unset_env=not here)
+            try:
+                recipe = recipes.resolve(cfg.recipe)
+            except recipes.RecipeError:
+                if ranks_here or _answerable(target):
+                    raise
+                log.info("recipe=%s does not import on this machine: the ranks import it first thing, where they "
+                         "run (%s)", target, cfg.backend)
+                recipe = None
+            if recipe is not None and recipe.kind == "automodel":
+                sections = automodel_files.split_sections(cfg.recipe_sections)[1]
+                for key, name in automodel_files.validate_recipe_sections(sections, allow_unset_env=not here,
+                                                                          ranks_here=ranks_here):
+                    log.info("%s=%s does not import on this machine: the ranks import it first thing, where they "
+                             "run (%s)", key, name, cfg.backend)
         models = [name for _, name in automodel_files.model_names(cfg.recipe_sections)]
     else:
         models = [cfg.model.name_or_path] if cfg.model.name_or_path else []
@@ -354,6 +368,16 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
         if here and name not in seen and "${" not in name:
             seen.add(name)
             automodel_files.check_model_fetchable(name)
+
+
+def _answerable(target: str) -> bool:
+    """Whether this machine can judge a ``recipe:`` name the ranks import elsewhere: a bare AutoModel class name
+    needs AutoModel here (its recipes are scanned), a dotted one a module that imports here."""
+    from automodel_hydra.recipe_names import importable_here
+
+    if ":" not in target and "." not in target:
+        return importable_here("nemo_automodel.cli.utils")
+    return importable_here(target.partition(":")[0] if ":" in target else target.rpartition(".")[0])
 
 
 # ----------------------------------------------------------------------------------------------- no shared state

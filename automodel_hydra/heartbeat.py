@@ -81,7 +81,7 @@ class Monitor:
     def beat(self, optimizer: tp.Any = None) -> None:
         """One heartbeat: a step completed (``optimizer``: the one that stepped, for its step count)."""
         self.steps += 1
-        self.step = _optimizer_step(optimizer) or self.steps
+        self.step = optimizer_step(optimizer) or self.steps
         with self._lock:
             self.last = time.monotonic()
             if self.dumped:  # the rank was slow, not hung
@@ -238,7 +238,7 @@ def waiting_in(ident: int | None) -> str | None:
     return frame.f_code.co_name if any(part in path for part in _WAITING_IN) else None
 
 
-def _optimizer_step(optimizer: tp.Any) -> int | None:
+def optimizer_step(optimizer: tp.Any) -> int | None:
     """The optimizer's own step count (``state[p]["step"]`` of its first parameter), when it keeps one."""
     try:
         param = optimizer.param_groups[0]["params"][0]

@@ -59,3 +59,83 @@ def long_run_warning(nsys: NsysConfig, max_steps: int, time_limit_min: int | Non
     what = f"step_scheduler.max_steps={max_steps}" if long_steps else f"a {time_limit_min}-minute time limit"
     return (f"profiling a long run ({what}): nsys is diagnostic, adds overhead and writes large reports; capture "
             f"steps {nsys.start_step}..{nsys.stop_step} in a short run and profile=none for production training")
+
+
+class StepRange:
+    """The Nsight Systems capture range ``profile.nsys.start_step..stop_step`` for a recipe that is not the bundled
+    one (NeMo AutoModel's recipe classes, a user's function), which never calls the profiler API itself: steps are
+    counted by the optimizer, through torch's public global hook
+    (``torch.optim.optimizer.register_optimizer_step_post_hook``, as :mod:`automodel_hydra.heartbeat` counts them),
+    so no recipe needs changing.
+
+    Steps are 1-based optimizer steps (AutoModel's logs count from 0: its ``step 1`` is our step 2), the optimizer's
+    own count where it keeps one (``state[p]["step"]``, restored with a checkpoint), else the calls of this process.
+    ``cudaProfilerStart`` is called when step ``start_step - 1`` has completed (``start_step: 1``: at once, before
+    the recipe starts, so its setup is captured too), ``cudaProfilerStop`` when ``stop_step`` has, and at
+    :meth:`close` if the run ends inside the range. After a resume past ``start_step - 1`` the range starts after
+    the first step. The CUDA calls happen only when ``cuda`` is true (``torch.cuda.is_available()`` by default);
+    ``calls`` records ``("start"|"stop", step)`` either way, and rank 0 logs each."""
+
+    def __init__(self, nsys: NsysConfig, rank: int = 0, cuda: bool | None = None) -> None:
+        import torch
+
+        self.nsys, self.rank = nsys, rank
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.calls: list[tuple[str, int]] = []
+        self.active = self.done = False
+        self.count = 0
+        self._handle: tp.Any = None
+
+    def install(self) -> StepRange:
+        import torch.optim.optimizer as optim
+
+        self._handle = optim.register_optimizer_step_post_hook(self.hook)
+        if self.nsys.start_step == 1:
+            self._call("start", 1)
+        return self
+
+    def hook(self, optimizer: tp.Any, args: tp.Any, kwargs: tp.Any) -> None:
+        """torch's step post-hook: step ``n`` has completed."""
+        from automodel_hydra.heartbeat import optimizer_step
+
+        self.count += 1
+        done = optimizer_step(optimizer) or self.count
+        if not self.active and not self.done and self.nsys.start_step <= done + 1 <= self.nsys.stop_step:
+            self._call("start", done + 1)
+        elif self.active and done >= self.nsys.stop_step:
+            self._call("stop", done)
+
+    def close(self) -> None:
+        """Stop a capture still running and remove the hook."""
+        if self.active:
+            self._call("stop", self.count)
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _call(self, what: str, step: int) -> None:
+        import logging
+
+        import torch
+
+        self.calls.append((what, step))
+        self.active, self.done = what == "start", self.done or what == "stop"
+        if self.rank == 0:
+            where = f"before step {step}" if what == "start" else f"after step {step}"
+            note = "" if self.cuda else " (no CUDA device: nothing for nsys to capture)"
+            logging.getLogger(__name__).info("nsys capture range: cudaProfiler%s %s (profile.nsys.start_step=%d, "
+                                             "stop_step=%d)%s", what.capitalize(), where, self.nsys.start_step,
+                                             self.nsys.stop_step, note)
+        if self.cuda:
+            getattr(torch.cuda.profiler, what)()
+
+
+def recipe_controls_range(recipe_sections: tp.Mapping[str, tp.Any]) -> bool:
+    """Whether the recipe calls the profiler API itself: NeMo AutoModel's benchmark recipe does, from
+    ``benchmark.nsys_start`` / ``nsys_end`` (0-based iterations, -1 = off; ``nemo_automodel/recipes/llm/
+    benchmark.py``), and then its range is the one used."""
+    bench = recipe_sections.get("benchmark")
+    if not isinstance(bench, tp.Mapping):
+        return False
+    start = bench.get("nsys_start", -1)
+    return isinstance(start, int) and not isinstance(start, bool) and start >= 0

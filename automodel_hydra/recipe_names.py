@@ -11,6 +11,7 @@ import importlib
 import inspect
 import typing as tp
 from collections.abc import Mapping
+from pathlib import Path
 
 from automodel_hydra import quiet
 from automodel_hydra.schema import UserError
@@ -96,3 +97,33 @@ def import_target(target: str) -> tp.Any:
         except AttributeError:
             raise RecipeError(f"recipe={target!r}: module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+
+def import_problem(target: str) -> str | None:
+    """Why ``target`` (a ``_target_``, ``*_fn`` or ``recipe:`` name: ``a.b.C``, ``a.b:C`` or ``path/file.py:attr``)
+    does not import in this process (``"ModuleNotFoundError: No module named 'x'"``, or the error its import raises
+    here, e.g. a CUDA-only package on a CPU login node), or None when the module it names imports here, so that
+    AutoModel's loader's verdict on the rest (an attribute missing, a private name) holds wherever the ranks run.
+    Imports the module's parents as a rank would."""
+    module_name, sep, _ = target.partition(":")
+    if sep and module_name.endswith(".py"):
+        return None if Path(module_name).is_file() else f"no file {module_name}"
+    parts = (module_name if sep else target).split(".")
+    quiet.install()
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if i > 1 and e.name == name:  # the package above has no such submodule: the rest are attributes
+                return None
+            return f"ModuleNotFoundError: {e}"
+        except Exception as e:
+            return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return None
+
+
+def importable_here(target: str) -> bool:
+    """Whether the module ``target`` names imports in this process (:func:`import_problem`)."""
+    return import_problem(target) is None

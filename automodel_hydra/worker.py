@@ -231,11 +231,14 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             log.info("%r on %s", env, dist_env.device)
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
             start_heartbeats(Path(job_file).parent, env.rank)
+            capture = capture_range(cfg, env.rank)
             try:
                 result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
                                             should_stop=stop, output_dir=cfg.output_dir)
             finally:
                 heartbeat.uninstall()
+                if capture is not None:
+                    capture.close()
             if result.get("stopped_early"):
                 in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals
@@ -247,6 +250,11 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     except (SystemExit, KeyboardInterrupt):
         raise  # a stop's own orderly exit (EXIT_STOPPED), not a failure
     except BaseException as e:
+        from automodel_hydra.schema import UserError
+
+        if isinstance(e, UserError):  # a mistake the user can fix: its one line, no traceback
+            log.error("rank %d failed: %s: %s", env.rank, type(e).__name__, e)
+            raise
         log.error("rank %d failed", env.rank, exc_info=e)
         cause = failure_cause(e)
         if cause is e:
@@ -300,6 +308,23 @@ def failure_cause(error: BaseException) -> Exception:
             return cause
     text = next((line for line in str(error).splitlines() if line.strip()), "")
     return RuntimeError(f"{type(error).__name__}: {text}")
+
+
+def capture_range(cfg: tp.Any, rank: int) -> tp.Any:
+    """Under ``profile=nsys`` (``nsys profile --capture-range=cudaProfilerApi``), the capture range of a recipe that
+    is not the bundled one (which calls the profiler API itself): :class:`automodel_hydra.profile.StepRange`,
+    installed; None when profiling is off, for the bundled recipe, and for one that sets its own range (AutoModel's
+    ``benchmark.nsys_start``)."""
+    from automodel_hydra import profile
+
+    if not cfg.profile.nsys.enabled or cfg.bundled:
+        return None
+    if profile.recipe_controls_range(cfg.recipe_sections):
+        if rank == 0:
+            log.info("nsys capture range: the recipe's own (benchmark.nsys_start/nsys_end); profile.nsys.start_step"
+                     " and stop_step are not used")
+        return None
+    return profile.StepRange(cfg.profile.nsys, rank).install()
 
 
 def start_heartbeats(launch_dir: Path, rank: int) -> None:

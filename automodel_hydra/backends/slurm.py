@@ -148,6 +148,10 @@ class Request:
     env_refs: tuple[str, ...]  # submitting-shell variables env_vars refers to ("${HF_TOKEN}" -> HF_TOKEN)
     #: the code snapshot submit copies to the job's ``code_dir`` (None: none); the script's lines name it
     snapshot: Source | None = dataclasses.field(default=None, compare=False)
+    #: a container job's snapshot dir, mounted at the same path unless under the mounted output dir
+    code_dir: str | None = None
+    #: a container job's working dir in it (``slurm.chdir``; None: the output dir)
+    workdir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,12 +228,12 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
     in_container = sc.container_image is not None
     python = "python" if in_container else sys.executable
     volume = sc.nemo_volume
-    if in_container and volume is not None:  # AutoModel's source, and this project beside it
-        pythonpath = f"export PYTHONPATH={shlex.quote(PROJECT_MOUNT)}:{shlex.quote(volume.dest)}"
-    elif in_container and sc.nemo_mount:
-        pythonpath = f"export PYTHONPATH={shlex.quote(sc.nemo_mount)}"  # the host's PYTHONPATH means nothing there
-    elif in_container:
-        pythonpath = "# PYTHONPATH: automodel_hydra is expected to be installed in the image"
+    if job.code_dir is None or (in_container and sc.nemo_mount and volume is None):
+        source = None  # (a container path in nemo_mount: this project's live source is mounted there instead)
+    # in a container: what the task puts first on PYTHONPATH inside it (container_pythonpath has the rule)
+    inside = container_pythonpath(sc, source, job.code_dir) if in_container else []
+    if in_container:  # the host's PYTHONPATH means nothing there; the task sets it inside (see the srun command)
+        pythonpath = f"export PYTHONPATH={':'.join(shlex.quote(e) for e in inside)}"
     else:
         pythonpath = f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}"
     margin = sc.checkpoint_margin_s
@@ -263,8 +267,6 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
     if margin != sc.signal_delay_s and not call:
         setup.insert(4, f"# checkpoint margin {margin}s: slurm.signal_delay_s={sc.signal_delay_s}s does not fit "
                         f"twice in slurm.time={sc.time}")
-    if in_container or job.code_dir is None:
-        source = None
     if source is not None and job.code_dir is not None:
         setup[1:2] = _snapshot_lines(source, job.code_dir)
     if job.env:
@@ -293,13 +295,14 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
     spec = JobSpec(Path(_JOB_DIR), job.job_name)  # the job's paths inside the script
     mounts = []
     if in_container:
-        if volume is not None:
-            mounts += [_mount(volume.source, volume.dest, "slurm.nemo_mount"),
-                       _mount(str(job.project_root), PROJECT_MOUNT, "slurm.nemo_mount")]
-        elif sc.nemo_mount:
-            mounts.append(_mount(str(job.project_root), sc.nemo_mount, "slurm.nemo_mount"))
+        if volume is not None:  # AutoModel's source; this project's comes from the snapshot, else mounted beside it
+            mounts.append(_mount(volume.source, volume.dest, "slurm.nemo_mount"))
+        if source is None:
+            mounts.append(_mount(str(job.project_root), sc.nemo_mount if sc.nemo_mount and volume is None
+                                 else PROJECT_MOUNT, "slurm.nemo_mount"))
         mounts += [_mount(m.source, m.dest, f"slurm.extra_mounts[{i}]") for i, m in enumerate(sc.extra_mounts)]
-    setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
+    else:  # nsys runs in the batch step's environment; in a container the task checks it there (task_prologue)
+        setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
     if sc.setup:
         setup += ["# slurm.setup", *sc.setup]
     if in_container and hf_home:  # mounted at srun: the source must exist (env_vars or setup may have moved it)
@@ -329,6 +332,8 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
                             " ".join(_sh(a) for a in ([*prefix, *argv] if prefix else argv[2:]))])
         ft_srun = (f"--ntasks={sc.nodes}", "--ntasks-per-node=1",
                    ShellWord('--cpus-per-task="${SLURM_CPUS_ON_NODE}"'))
+    if in_container:  # run inside the image: PYTHONPATH (an image's own ENV wins over the host's) and nsys there
+        command = f"{task_prologue(inside, nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file))))} {command}"
     directives = tuple((k, v) for k, v in _directives(sc, automodel=cfg.automodel) if not (call and k == "signal"))
     return Request(sbatch=directives, array_parallelism=sc.array_parallelism, setup=tuple(setup),
                    container_image=sc.container_image, mounts=tuple(mounts),
@@ -337,7 +342,35 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), snapshot=source)
+                       if getattr(sc, k) is None)), snapshot=source,
+                   code_dir=str(job.code_dir) if in_container and source is not None else None,
+                   workdir=sc.chdir if in_container else None)
+
+
+def container_pythonpath(sc: SlurmConfig, source: Source | None, code_dir: Path | None) -> list[str]:
+    """What a task in ``slurm.container_image`` puts first on ``PYTHONPATH``, so that a stock image (NeMo's, which
+    lacks this project) runs the worker: the code snapshot's entries (:meth:`snapshot.Source.pythonpath`: its dir
+    is under the run's launch dir, mounted at the same path), else this project's source mounted at
+    ``nemo_mount`` (a container path) or :data:`PROJECT_MOUNT`; then AutoModel's source for its
+    ``nemo_mount: "/src:/dst"`` form."""
+    volume = sc.nemo_volume
+    if source is not None and code_dir is not None:
+        entries = source.pythonpath(code_dir)
+    else:
+        entries = [sc.nemo_mount if sc.nemo_mount and volume is None else PROJECT_MOUNT]
+    return entries + ([volume.dest] if volume is not None else [])
+
+
+def task_prologue(pythonpath: tp.Sequence[str], checks: tp.Sequence[str] = ()) -> str:
+    """The words that start a task's command inside a container (AutoModel's template likewise runs its command
+    with ``bash -c`` in the container, ``PYTHONPATH`` set there): ``bash -c '<lines>; exec "$@"' automodel-hydra``,
+    followed by the command. The lines put ``pythonpath`` before the container's own ``PYTHONPATH`` (Pyxis gives a
+    variable the image defines the image's value, not the one exported in the batch script), then run ``checks``
+    (shell lines that exit with an error where the task runs, e.g. :func:`automodel_hydra.profile.nsys_check_lines`).
+    """
+    entries = ":".join(pythonpath)
+    lines = [f"export PYTHONPATH={shlex.quote(entries)}${{PYTHONPATH:+:$PYTHONPATH}}", *checks, 'exec "$@"']
+    return f"bash -c {shlex.quote('; '.join(lines))} automodel-hydra"
 
 
 def _snapshot_lines(source: Source, code_dir: Path) -> list[str]:
@@ -376,11 +409,13 @@ def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False) -
         select = [f"export {JOB_DIR_VAR}={shlex.quote(str(job_dirs[0]))}"]
     srun = ["--unbuffered", f"--output={output}", "--kill-on-bad-exit=1", *SRUN_EXPORT_ARGS]
     if request.container_image:
-        mounts = ",".join([*request.mounts, _mount(str(root), str(root), "output dir")])
+        code = request.code_dir  # the snapshot: in the output dir, except a sweep job's own script's (sweep dir's)
+        extra = [_mount(code, code, "slurm.snapshot")] if code and Path(root) not in Path(code).parents else []
+        mounts = ",".join([*request.mounts, *extra, _mount(str(root), str(root), "output dir")])
         srun += [f"--container-image={request.container_image}",
                  ShellWord(f'--container-mounts="$HF_HOME:$HF_HOME",{shlex.quote(mounts)}') if request.mount_hf_home
                  else f"--container-mounts={mounts}",
-                 f"--container-workdir={root}"]
+                 f"--container-workdir={request.workdir or root}"]
     srun += request.srun_args
     setup = [request.setup[0], *select, *request.setup[1:]]
     return render_sbatch(directives=directives, setup=setup, srun_args=srun, command=request.command)
@@ -422,6 +457,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         if conf and not Path(conf).is_file():
             raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
                                  "on a login node")
+        snapshots = find_snapshots(cfgs)
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
@@ -436,14 +472,23 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             sources = [(f"slurm.extra_mounts[{i}].source", m.source) for i, m in enumerate(sc.extra_mounts)]
             if sc.nemo_volume is not None:
                 sources.append(("slurm.nemo_mount.source", sc.nemo_volume.source))
+            if sc.container_image is not None and snapshots.get((sc.snapshot, sc.snapshot_max_mb)) is None:
+                # no snapshot: this project's source itself is mounted (nemo_mount, else PROJECT_MOUNT)
+                sources.append(("slurm.nemo_mount" if sc.nemo_mount and sc.nemo_volume is None else "slurm.snapshot",
+                                str(JobSpec.project_root)))
             for key, source in sources:
-                if sc.container_image is not None and not Path(source).exists():
+                if sc.container_image is None:
+                    continue
+                if not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
+                if not os.access(source, os.R_OK | (os.X_OK if Path(source).is_dir() else 0)):
+                    raise ConfigError(key, source, "a path the job's user can read (it is mounted into the "
+                                      "container, where the ranks read it as this user)")
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise UnsetReference(f"slurm.env_vars.{entry}", var)
-        return Facts(max_array_size(), find_snapshots(cfgs))
+        return Facts(max_array_size(), snapshots)
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
@@ -580,7 +625,8 @@ def find_snapshots(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], So
         sc = cfg.slurm
         assert sc is not None
         key = (sc.snapshot, sc.snapshot_max_mb)
-        if key not in out and sc.container_image is None:
+        live = sc.container_image is not None and sc.nemo_mount and sc.nemo_volume is None
+        if key not in out and not live:  # (live: nemo_mount mounts this project's source itself)
             out[key] = find(sc.snapshot, Path.cwd(), JobSpec.project_root, sc.snapshot_max_mb,
                             exclude=[Path(cfg.output_dir)])
     return out

@@ -29,6 +29,12 @@ AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch
 CALL_DEFAULTS: dict[str, tp.Any] = {"job_name": "", "ntasks_per_node": 1, "gpus_per_node": 0}
 
 
+#: Pyxis' srun options the ``slurm:`` fields own -> the field (srun would take the last one given, dropping the
+#: job dir's mount, the snapshot's or HF_HOME's).
+PYXIS_OWNED = {"--container-image": "container_image", "--container-mounts": "extra_mounts",
+               "--container-workdir": "chdir"}
+
+
 # sbatch(1), option --time: "Acceptable time formats include "minutes", "minutes:seconds", "hours:minutes:seconds",
 # "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds"."
 _SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -114,11 +120,12 @@ class SlurmConfig:
     time: str = "04:00:00"
     account: tp.Optional[str] = None
     partition: tp.Optional[str] = None
-    # Enroot/Pyxis image (srun --container-image)
+    # Enroot/Pyxis image (srun --container-image); a stock image works: the tasks run the code snapshot, mounted
+    # with the run dir and put on PYTHONPATH inside the container (docs/slurm.md, "Containers")
     container_image: tp.Optional[str] = None
-    # containers: a path inside the container where this project's source is mounted (put on PYTHONPATH there);
-    # or AutoModel's form, its source on the host -> a path in the container ("/src:/opt/Automodel" or
-    # {source, dest}): that is mounted and put on PYTHONPATH, and this project goes to PROJECT_MOUNT beside it
+    # containers: a path inside the container where this project's live source is mounted instead of the snapshot
+    # (put on PYTHONPATH there); or AutoModel's form, its source on the host -> a path in the container
+    # ("/src:/opt/Automodel" or {source, dest}): that is mounted and put on PYTHONPATH after this project's
     nemo_mount: tp.Any = None
     # Hugging Face cache (AutoModel's hf_home): exported as HF_HOME on the ranks, created by the job when missing,
     # and mounted at the same path when a container is used; "~/..." is the job user's home on the nodes. null = no
@@ -194,8 +201,14 @@ class SlurmConfig:
 
         require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
         require(self.snapshot_max_mb > 0, "slurm.snapshot_max_mb", self.snapshot_max_mb, "must be > 0")
-        require(self.snapshot in ("auto", "none") or self.container_image is None, "slurm.snapshot", self.snapshot,
-                "auto or none with slurm.container_image (the image or its mounts hold the code)")
+        live = self.container_image is not None and bool(self.nemo_mount) and self.nemo_volume is None
+        require(self.snapshot in ("auto", "none") or not live, "slurm.snapshot", self.snapshot,
+                f"auto or none with slurm.nemo_mount={self.nemo_mount} (which mounts this project's live source "
+                "into the container): leave nemo_mount out to run the snapshot")
+        for arg in self.srun_args:  # Pyxis' options that the fields own (their values are planned and checked)
+            flag = str(arg).split("=", 1)[0]
+            require(flag not in PYXIS_OWNED, "slurm.srun_args", arg, f"no {flag}: set slurm.{PYXIS_OWNED.get(flag)} "
+                    "instead (the job's own mounts and workdir are added to it)")
         del minutes  # parsed for its error; a short limit shrinks the margin (checkpoint_margin_s)
         self.extra_mounts = [VolumeMapping.parse(m, f"slurm.extra_mounts[{i}]")
                              for i, m in enumerate(self.extra_mounts)]

@@ -120,8 +120,9 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
     Returns ``{"step", "epoch", "stopped_early", "world_size"}`` plus, on rank 0, ``"loss"`` and ``"val_loss"``
     (the last rows of AutoModel's ``training.jsonl`` / ``validation.jsonl`` in its checkpoint dir) when present.
 
-    Raises whatever the recipe raises."""
-    node = build_config(recipe_sections(cfg))
+    Raises RecipeSectionError (one line naming the key and this host) when a section does not load here, e.g. a
+    ``_target_`` this rank's environment cannot import; whatever the recipe raises."""
+    node = build_config(checked_here(recipe_sections(cfg), dist))
     _log_superseded_dist_env(node, dist)
     with _keep_logging():
         recipe = recipe_cls(node)
@@ -135,6 +136,24 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
         finally:
             _release_signal_handler(sched)  # the worker's own handlers come back
         return _result(recipe, dist, stopped=bool(sched.sigterm_flag))
+
+
+def checked_here(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.Any]:
+    """``sections``, after each value was loaded with AutoModel's loader on this rank, where the job runs: the plan
+    leaves a ``_target_`` that does not import on the submitting machine to the ranks
+    (:func:`automodel_hydra.automodel_files.validate_recipe_sections`), so here its failure is one line naming the
+    key, AutoModel's reason and this host, in the rank's error file and the job's last line. Raises
+    RecipeSectionError."""
+    import socket
+
+    from automodel_hydra.automodel_files import RecipeSectionError, validate_recipe_sections
+
+    try:
+        validate_recipe_sections(with_stop_signals(sections))
+    except RecipeSectionError as e:
+        raise RecipeSectionError(e.key, f"{str(e)[len(e.key) + 2:]} (on rank {dist.rank}, host "
+                                 f"{socket.gethostname()}, where the job runs)") from None
+    return sections
 
 
 @contextlib.contextmanager
