@@ -75,30 +75,21 @@ def _keygen(path: Path) -> None:
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 10.0) -> None:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
         if proc.poll() is not None:
-            pytest.fail(f"sshd exited {proc.returncode}:\n{log.read_text(errors='replace')}", pytrace=False)
+            raise RuntimeError(f"sshd exited {proc.returncode}:\n{log.read_text(errors='replace')}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    pytest.fail(f"sshd does not listen on {port} after {timeout} s:\n{log.read_text(errors='replace')}",
-                pytrace=False)
+    raise RuntimeError(f"sshd does not listen on {port} after {timeout} s:\n{log.read_text(errors='replace')}")
 
 
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[SSHServer]:
-    """A real sshd on loopback whose sessions see the test cluster's SLURM_CONF (see the module docstring)."""
-    missing = [t for t in (SSHD, "ssh", "ssh-keygen") if shutil.which(t) is None]
-    reason = (f"the tunnel tests need {', '.join(missing)}: install openssh-server with {INSTALL_COMMAND}"
-              if missing else "the tunnel tests run sshd as root" if os.geteuid() != 0 else None)
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set)", pytrace=False)
-        pytest.skip(reason)
-    d = tmp_path_factory.mktemp("sshd")
+def start(d: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
+    """Start the sshd of the module docstring with its keys and config in ``d``; returns it and its process.
+    Raises RuntimeError when it does not come up."""
     for name in ("host_key", "client_key", "other_key"):
         _keygen(d / name)
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
@@ -112,6 +103,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[SSHServer]:
     (d / "known_hosts").write_text("".join(f"[127.0.0.1]:{p} {' '.join(host_pub)}\n" for p in (port, bare_port)))
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation dir
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid()).pw_name
     (d / "sshd_config").write_text(f"""\
 Port {port}
 Port {bare_port}
@@ -125,7 +119,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 PermitRootLogin prohibit-password
-AllowUsers {os.environ.get("USER") or "root"} root
+AllowUsers {user}
 MaxStartups 100
 MaxSessions 100
 SetEnv SLURM_CONF={state / "etc" / "slurm.conf"} PATH={path}
@@ -138,14 +132,36 @@ Match LocalPort {bare_port}
     try:
         _wait_listening(port, proc, log)
         _wait_listening(bare_port, proc, log)
-        import pwd
+    except BaseException:
+        stop(proc)
+        raise
+    return SSHServer(d, port, bare_port, d / "client_key", d / "other_key", d / "known_hosts", user), proc
 
-        yield SSHServer(d, port, bare_port, d / "client_key", d / "other_key", d / "known_hosts",
-                        pwd.getpwuid(os.geteuid()).pw_name)
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[SSHServer]:
+    """A real sshd on loopback whose sessions see the test cluster's SLURM_CONF (see the module docstring)."""
+    missing = [t for t in (SSHD, "ssh", "ssh-keygen") if shutil.which(t) is None]
+    reason = (f"the tunnel tests need {', '.join(missing)}: install openssh-server with {INSTALL_COMMAND}"
+              if missing else "the tunnel tests run sshd as root" if os.geteuid() != 0 else None)
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set)", pytrace=False)
+        pytest.skip(reason)
+    try:
+        server, proc = start(tmp_path_factory.mktemp("sshd"))
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)

@@ -483,14 +483,16 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         from automodel_hydra.paths import write_problems
 
         conf = os.environ.get("SLURM_CONF")
-        tunnels = {Endpoint.of(c.slurm.tunnel) for c in cfgs if c.slurm is not None and c.slurm.tunnel is not None}
-        if conf and not Path(conf).is_file() and len(tunnels) < len(cfgs):
+        ssh = [c.slurm.ssh for c in cfgs if c.slurm is not None and c.slurm.ssh is not None]
+        tunnels = {Endpoint.of(tc) for tc in ssh}
+        local = len(ssh) < len(cfgs)  # some jobs are submitted here
+        if conf and not Path(conf).is_file() and local:
             raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
                                  "on a login node")
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
-            if self.ranks_see_local_files(cfg) and sc.tunnel is None:
+            if self.ranks_see_local_files(cfg) and sc.ssh is None:
                 for problem in host_problems(cfg):
                     raise problem
             # the job dir is shared with the nodes (launch/ is written, result.json read back there); a dir outside
@@ -502,7 +504,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             if sc.nemo_volume is not None:
                 sources.append(("slurm.nemo_mount.source", sc.nemo_volume.source))
             for key, source in sources:
-                if sc.container_image is not None and sc.tunnel is None and not Path(source).exists():
+                if sc.container_image is not None and sc.ssh is None and not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
@@ -510,7 +512,6 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                 raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
                                      f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
         remote = {endpoint: probe(endpoint) for endpoint in sorted(tunnels, key=repr)}
-        local = len(tunnels) < len(cfgs)
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         return Facts(min([*sizes, *([max_array_size()] if local or not sizes else [])]), find_snapshots(cfgs),
                      Path.cwd(), remote)
@@ -522,7 +523,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
         assert cfg.slurm is not None
         # bare metal: the nodes share this host's filesystem; through a tunnel they see the cluster's
-        return cfg.slurm.container_image is None and cfg.slurm.tunnel is None
+        return cfg.slurm.container_image is None and cfg.slurm.ssh is None
 
     def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
@@ -672,7 +673,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
 
 def _remote(sc: SlurmConfig, facts: Facts) -> Remote | None:
     """The planned login node of ``sc.tunnel`` (None without one), from what preflight read."""
-    tc = sc.tunnel
+    tc = sc.ssh
     if tc is None:
         return None
     endpoint = Endpoint.of(tc)

@@ -112,7 +112,7 @@ class TunnelConfig:
     there (the one on the job's PATH after ``slurm.setup``, by default). docs/remote.md.
     """
 
-    host: str = ""
+    host: tp.Optional[str] = None
     user: tp.Optional[str] = None
     port: tp.Optional[int] = None
     identity: tp.Optional[str] = None
@@ -121,6 +121,8 @@ class TunnelConfig:
     options: tp.Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.host is None:  # no tunnel: sbatch here
+            return
         require(bool(self.host) and _HOST.match(self.host) is not None and not self.host.startswith("-"),
                 "slurm.tunnel.host", self.host, "a host name, address or ~/.ssh/config Host alias of the cluster's "
                 "login node (no spaces, not starting with '-')")
@@ -142,10 +144,6 @@ class TunnelConfig:
             require(_OPTION.match(str(key)) is not None and "\n" not in str(value), f"slurm.tunnel.options.{key}",
                     value, "an ssh_config(5) option name with a one-line value (e.g. ProxyJump: bastion)")
 
-    @property
-    def destination(self) -> str:
-        """``user@host`` (or ``host``), as ssh names it."""
-        return f"{self.user}@{self.host}" if self.user else self.host
 
 
 @dataclass
@@ -229,8 +227,8 @@ class SlurmConfig:
     # the most a snapshot may copy, in MiB (checked before anything is submitted)
     snapshot_max_mb: float = 200.0
     # submit through SSH from this machine: {host, user, port, identity, job_dir} (NeMo-Run's SSHTunnel names);
-    # null = sbatch here (docs/remote.md)
-    tunnel: tp.Optional[TunnelConfig] = None
+    # host null = sbatch here (docs/remote.md)
+    tunnel: TunnelConfig = field(default_factory=TunnelConfig)
 
     def __post_init__(self) -> None:
         at_least("slurm.nodes", self.nodes)
@@ -269,6 +267,11 @@ class SlurmConfig:
         if self.nemo_mount is not None and self.nemo_volume is None:
             require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
                     "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
+
+    @property
+    def ssh(self) -> TunnelConfig | None:
+        """``tunnel`` when it names a host (jobs are submitted through SSH), else None (sbatch here)."""
+        return self.tunnel if self.tunnel.host is not None else None
 
     @property
     def nemo_volume(self) -> VolumeMapping | None:

@@ -66,6 +66,7 @@ class Endpoint:
 
     @classmethod
     def of(cls, tc: TunnelConfig) -> Endpoint:
+        assert tc.host is not None, "a tunnel names its host"
         return cls(tc.host, tc.user, tc.port, tc.identity, tuple(sorted((str(k), str(v))
                                                                          for k, v in tc.options.items())))
 
