@@ -196,3 +196,48 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
     assert report.returncode == 0, report.stderr
     csv = (sweep / "report" / "final_metrics.csv").read_text().splitlines()
     assert [line.split(",")[2] for line in csv[1:]] == ["False", "True", "True"]  # completed column
+
+
+APP = '''
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+VERSION = "{version}"
+
+
+@hydra.main(version_base=None, config_path=None)
+def main(cfg):
+    return {{"x": cfg.x, "version": VERSION, "cwd": os.getcwd(), "job_dir": HydraConfig.get().runtime.output_dir}}
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_call_jobs_of_a_foreign_hydra_app_run_through_the_tunnel(slurm_cluster, sshd, tmp_path: Path) -> None:
+    """A Hydra app whose task function is not ours: each job one process on the cluster, from the snapshot,
+    writing its Hydra job dir there; the JobReturn comes back to the launcher here."""
+    from automodel_hydra.call import read_job_return
+
+    repo = user_repo(tmp_path)
+    (repo / "app.py").write_text(APP.format(version="submitted"))
+    remote, sweep = tmp_path / "remote", repo / "multirun" / "C"
+    env = local_env(tmp_path)
+    tunnel = [o.replace("+slurm.", "hydra.launcher.slurm.") for o in sshd.overrides(remote)]
+    tunnel = [("+" + o) if ".options." in o else o for o in tunnel]
+    proc = subprocess.run([sys.executable, "app.py", "-m", "hydra/launcher=automodel", "hydra.launcher.backend=slurm",
+                           "hydra.launcher.slurm.partition=debug", "hydra.launcher.slurm.time=5", *tunnel,
+                           "+x=1,2", "hydra.sweep.dir=multirun/C"], cwd=repo, env={**env, "PYTHONPATH": str(repo)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    node_sweep = remote / "multirun" / "C"
+    for i in (0, 1):
+        ret = read_job_return(sweep / str(i) / "launch" / "call_result.pkl")  # fetched back
+        value = ret.return_value
+        assert value["x"] == i + 1 and value["version"] == "submitted"
+        assert value["cwd"] == str(node_sweep / "launch" / "code" / "src"), "the copy of the submitting dir"
+        assert Path(value["job_dir"]).resolve() == node_sweep / str(i)
+        assert (node_sweep / str(i) / ".hydra" / "config.yaml").is_file()

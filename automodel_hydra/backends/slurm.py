@@ -514,7 +514,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         remote = {endpoint: probe(endpoint) for endpoint in sorted(tunnels, key=repr)}
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         return Facts(min([*sizes, *([max_array_size()] if local or not sizes else [])]), find_snapshots(cfgs),
-                     Path.cwd(), remote)
+                     Path.cwd() if remote else None, remote)
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
