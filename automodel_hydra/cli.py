@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import csv
 import dataclasses
 import datetime
@@ -608,19 +607,15 @@ NEVER_REASONS = ("PartitionConfig", "PartitionDown", "PartitionInactive", "Parti
 
 
 def _ft_note(record: Record, state: JobState) -> str:
-    """What fault tolerance recorded in the job dir since the job was submitted (every launcher whose ranks write
+    """What fault tolerance recorded in the job dir in its current launch (every launcher whose ranks write
     there): ``"restarted 1x: rank 1 hung at step 5"``, and for a failed job the hang that ended it."""
     from automodel_hydra import fault_tolerance
 
     launch = Path(record["job_dir"]) / "launch"
     if not fault_tolerance.evidence_dir(launch).is_dir():
         return ""
-    since = float((record.get("ref") or {}).get("started_at") or 0.0)
-    if not since and record.get("submitted_at"):
-        with contextlib.suppress(ValueError):
-            since = datetime.datetime.fromisoformat(record["submitted_at"]).timestamp()
-    hang = fault_tolerance.final_hang(launch, since) if state is JobState.FAILED else None
-    return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch, since)) if x)
+    hang = fault_tolerance.final_hang(launch) if state is JobState.FAILED else None
+    return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch)) if x)
 
 
 def _note(state: JobState, reason: str) -> str:

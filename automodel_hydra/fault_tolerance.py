@@ -16,18 +16,25 @@ Evidence a job leaves in ``launch/ft/`` (written by the ranks, read by the launc
 * ``attempts.jsonl``: one line per restarted attempt, written by its rank 0: the attempt, the time, the step it
   resumes from (when the recipe says) and why the previous attempt ended (:func:`restart_reason`).
 
-This module imports only :mod:`automodel_hydra.schema` and the standard library, so every backend, the worker and
-the CLI can use it.
+Every record carries the launch id of the launch that wrote it (``run_id``, from ``launch/run_id``), and readers
+take only the records of the job's current launch: an earlier launch's hangs and restarts, left in the same job
+dir, are never reported as this one's. No clock is compared (the nodes and the file server need not share the
+submitting host's clock).
+
+This module imports only :mod:`automodel_hydra.schema`, :mod:`automodel_hydra.plan` (the launch id) and the
+standard library, so every backend, the worker and the CLI can use it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
+from automodel_hydra.plan import read_run_id
 from automodel_hydra.schema import require
 
 #: The pip extra that installs ``ft_launcher`` (``nvidia-resiliency-ext``).
@@ -122,17 +129,25 @@ def stack_file(launch_dir: Path, rank: int, attempt: int) -> Path:
     return evidence_dir(launch_dir) / f"stack.rank{rank}.attempt{attempt}.txt"
 
 
+def this_launch(launch_dir: Path, record: tp.Mapping[str, tp.Any]) -> bool:
+    """Whether ``record`` was written by the job's current launch: its ``run_id`` is ``launch/run_id``'s (a job
+    started without a launch id, by hand, takes every record)."""
+    current = read_run_id(launch_dir)
+    return current is None or record.get("run_id") == current
+
+
 def hangs(launch_dir: Path, attempt: int | None = None) -> list[dict[str, tp.Any]]:
-    """The hangs recorded in ``launch/ft/`` (of ``attempt`` only, when given), lowest attempt and rank first; a
-    record with ``resumed_at`` (a heartbeat came after all) is no hang and is left out. Within an attempt the ranks
-    that were not waiting in a collective (``waiting_in`` unset) come first: the others were waiting for them."""
+    """The hangs of the current launch recorded in ``launch/ft/`` (of ``attempt`` only, when given), lowest attempt
+    and rank first; a record with ``resumed_at`` (a heartbeat came after all) is no hang and is left out. Within an
+    attempt the ranks that were not waiting in a collective (``waiting_in`` unset) come first: the others were
+    waiting for them."""
     found = []
     for path in evidence_dir(launch_dir).glob("hang.rank*.attempt*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(record, dict) or record.get("resumed_at") is not None:
+        if not isinstance(record, dict) or record.get("resumed_at") is not None or not this_launch(launch_dir, record):
             continue
         if attempt is None or record.get("attempt") == attempt:
             found.append(record)
@@ -155,8 +170,12 @@ def restart_reason(launch_dir: Path, attempt: int) -> str:
         r = hung[0]
         return f"rank {r.get('rank')} hung at step {r.get('step')}"
     failed = []
-    # <launcher's --log-dir>/<run id>/attempt_<k>/<local rank>/error.json; on Slurm one log dir per node
-    for path in Path(launch_dir).glob(f"**/attempt_{attempt}/*/error.json"):
+    # <launcher's --log-dir>/<rendezvous run id>_<random>/attempt_<k>/<local rank>/error.json (torch.distributed.
+    # elastic's DefaultLogsSpecs); on Slurm one log dir per node. A rank knows its rendezvous run id
+    # (TORCHELASTIC_RUN_ID): an earlier launch's error files in the same --log-dir are not this one's.
+    rdzv = os.environ.get("TORCHELASTIC_RUN_ID")
+    pattern = f"**/{rdzv}_*/attempt_{attempt}/*/error.json" if rdzv else f"**/attempt_{attempt}/*/error.json"
+    for path in Path(launch_dir).glob(pattern):
         try:
             written = path.stat().st_mtime_ns
             message = json.loads(path.read_text())["message"]
@@ -164,7 +183,7 @@ def restart_reason(launch_dir: Path, attempt: int) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        failed.append((written, path.parent.name, first[:200]))
+        failed.append((written, int(path.parent.name) if path.parent.name.isdigit() else 0, first[:200]))
     if failed:  # the first to fail is the cause: the others failed because it did ("Connection closed by peer")
         _, rank, first = min(failed)
         return f"local rank {rank} failed: {first}"
@@ -176,13 +195,14 @@ def record_attempt(launch_dir: Path, attempt: int, time_s: float, resumed_step: 
     path = evidence_dir(launch_dir) / ATTEMPTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = {"attempt": attempt, "time": time_s, "resumed_step": resumed_step,
-            "reason": restart_reason(launch_dir, attempt - 1)}
+            "reason": restart_reason(launch_dir, attempt - 1), "run_id": read_run_id(launch_dir)}
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
 
 
 def attempts(launch_dir: Path) -> list[dict[str, tp.Any]]:
-    """The restarted attempts recorded so far (``attempts.jsonl``), in order; a torn line is skipped."""
+    """The restarted attempts of the current launch recorded so far (``attempts.jsonl``), in order; a torn line is
+    skipped."""
     path = evidence_dir(launch_dir) / ATTEMPTS_FILE
     rows = []
     try:
@@ -194,27 +214,26 @@ def attempts(launch_dir: Path) -> list[dict[str, tp.Any]]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict):
+        if isinstance(row, dict) and this_launch(launch_dir, row):
             rows.append(row)
     return rows
 
 
-def restart_summary(launch_dir: Path, since: float = 0.0) -> str:
-    """``"restarted 1x: rank 1 hung at step 5"`` for the restarts recorded at or after ``since`` (epoch s), or
-    ``""`` when there were none (several restarts: their reasons joined with ``"; "``)."""
-    rows = [r for r in attempts(launch_dir) if float(r.get("time", 0)) >= since - 1]
+def restart_summary(launch_dir: Path) -> str:
+    """``"restarted 1x: rank 1 hung at step 5"`` for the restarts of the current launch, or ``""`` when there were
+    none (several restarts: their reasons joined with ``"; "``)."""
+    rows = attempts(launch_dir)
     if not rows:
         return ""
     reasons = [str(r.get("reason", "?")) for r in rows]
     return f"restarted {len(rows)}x: " + "; ".join(reasons)
 
 
-def final_hang(launch_dir: Path, since: float = 0.0) -> str | None:
-    """The hang recorded for the last attempt (the last restart recorded at or after ``since``, epoch s, else the
-    first attempt), described (:func:`describe_hang`), or None: what ended a job whose restarts were spent."""
-    restarted = [r for r in attempts(launch_dir) if float(r.get("time", 0)) >= since - 1]
-    last = max((int(r.get("attempt", 0)) for r in restarted), default=0)
-    found = [h for h in hangs(launch_dir, last) if float(h.get("time", 0)) >= since - 1]
+def final_hang(launch_dir: Path) -> str | None:
+    """The hang recorded for the current launch's last attempt (its last restart, else the first attempt),
+    described (:func:`describe_hang`), or None: what ended a job whose restarts were spent."""
+    last = max((int(r.get("attempt", 0)) for r in attempts(launch_dir)), default=0)
+    found = hangs(launch_dir, last)
     return describe_hang(found[0]) if found else None
 
 

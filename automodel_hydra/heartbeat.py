@@ -43,6 +43,7 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra import fault_tolerance as ftm
+from automodel_hydra.plan import read_run_id
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,8 @@ class Monitor:
         """Write ``hang.rank<R>.attempt<A>.json`` and the stack of every thread."""
         record = {"rank": self.rank, "host": self.host, "attempt": self.attempt, "step": self.step + 1,
                   "completed_steps": self.step, "silent_s": round(silent_s, 1), "time": time.time(), "at": _now(),
-                  "pid": os.getpid(), "stack": str(self.stack_path), "waiting_in": waiting_in(self.main_ident)}
+                  "pid": os.getpid(), "stack": str(self.stack_path), "waiting_in": waiting_in(self.main_ident),
+                  "run_id": read_run_id(self.launch_dir)}
         header = (f"rank {self.rank} on {self.host} (pid {os.getpid()}), attempt {self.attempt}: no heartbeat for "
                   f"{silent_s:.1f} s at step {self.step + 1} ({self.step} completed), {record['at']}\n")
         if self._stack is not None:  # keep the faulthandler registration's file; the dump goes after the header

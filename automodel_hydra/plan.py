@@ -441,14 +441,19 @@ def error_stamps(job: JobSpec) -> dict[str, tuple[int, int]]:
 
 
 def rank_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = None) -> str | None:
-    """The lowest failed rank's exception, ``"rank N: Type: message"`` (its first line, at most 500 characters),
-    or None when no rank recorded one since ``before`` (:func:`error_stamps` taken before the launch; a file
-    with the same stamp is an earlier launch's; None: every file counts).
+    """The exception of the rank that failed first, ``"rank N: Type: message"`` (its first line, at most 500
+    characters), or None when no rank recorded one since ``before`` (:func:`error_stamps` taken before the launch; a
+    file with the same stamp is an earlier launch's; None: every file counts).
+
+    "First" is the newest restart attempt's error file with the oldest modification time (the lowest rank on a
+    tie): when one rank raises, its peers fail after it in the next collective ("Connection closed by peer",
+    "NCCL communicator was aborted"), and quoting the lowest rank would hide the cause behind its consequence. The
+    times compared are all the file server's, never this host's clock.
 
     Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
     ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
     attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
-    found: list[tuple[int, int, str]] = []
+    found: list[tuple[int, int, int, str]] = []
     for attempt, path, rank in _error_files(job):
         try:
             st = path.stat()
@@ -459,10 +464,10 @@ def rank_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = N
         except (OSError, ValueError, KeyError, TypeError):
             continue
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        found.append((-attempt, int(rank), first[:500]))
+        found.append((-attempt, st.st_mtime_ns, int(rank), first[:500]))
     if not found:
         return None
-    _, rank_n, first = min(found)
+    _, _, rank_n, first = min(found)
     return f"rank {rank_n}: {first}"
 
 

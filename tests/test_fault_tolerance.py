@@ -18,7 +18,7 @@ import pytest
 from automodel_hydra import fault_tolerance as ftm
 from automodel_hydra import heartbeat
 from automodel_hydra.backends import interactive
-from automodel_hydra.plan import JobSpec, PreflightError
+from automodel_hydra.plan import RUN_ID_FILE, JobSpec, PreflightError
 from automodel_hydra.schema import ConfigError
 from tests.helpers import ROOT, compose_cfg, metrics
 
@@ -162,7 +162,26 @@ def test_the_rank_not_waiting_in_a_collective_is_the_hung_one(tmp_path: Path) ->
     ftm.record_attempt(tmp_path, 1, 200.0)
     assert ftm.restart_summary(tmp_path) == "restarted 1x: rank 1 hung at step 5"
     assert ftm.final_hang(tmp_path) is None  # the last attempt (1) did not hang
-    assert ftm.restart_summary(tmp_path, since=300.0) == ""  # an earlier run's restarts are not this run's
+
+
+def test_an_earlier_launchs_hangs_and_restarts_are_not_this_ones(tmp_path: Path) -> None:
+    """The job dir keeps the evidence of every launch; the status and the last line take the current launch's
+    only, by its launch id, whatever the clocks say (the earlier launch's records carry *later* times here)."""
+    d = ftm.evidence_dir(tmp_path)
+    d.mkdir(parents=True)
+    later = time.time() + 3600  # a node clock an hour ahead of this host's
+    (tmp_path / RUN_ID_FILE).write_text("first\n")  # tmp_path is the job's launch/
+    (d / "hang.rank1.attempt1.json").write_text(json.dumps(
+        {"rank": 1, "attempt": 1, "step": 7, "time": later, "host": "h", "silent_s": 5.0, "stack": "s",
+         "run_id": "first"}))
+    ftm.record_attempt(tmp_path, 1, later)
+    assert ftm.restart_summary(tmp_path).startswith("restarted 1x")
+    assert ftm.final_hang(tmp_path) is not None
+
+    (tmp_path / RUN_ID_FILE).write_text("second\n")  # the job launched again
+    assert ftm.restart_summary(tmp_path) == ""  # the first launch restarted; this one did not (yet)
+    assert ftm.final_hang(tmp_path) is None
+    assert ftm.hangs(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------------------ real runs (slow)
@@ -439,3 +458,57 @@ def test_slurm_hung_rank_restarts_in_the_same_allocation(slurm_cluster: tp.Any, 
     resumed = next(r for r in metrics(run) if r["attempt"] == 1)
     print(f"\nslurm: hang -> restarted attempt's rank 0 up: {rows[0]['time'] - hang['time'] + hang['silent_s']:.1f} s; "
           f"resumed at step {resumed['step']} from checkpoint step {resumed['started_at']}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@needs_ft
+def test_slurm_cancel_stops_a_job_with_a_hung_rank_for_good(slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """2 nodes x 1 task under ft_launcher; rank 1 sleeps inside step 3 while rank 0 waits for it in all_reduce,
+    and the heartbeat timeout is far off, so fault tolerance has not acted yet. ``automodel-hydra cancel RUN``
+    (scancel) ends every process of the job within the cluster's KillWait (5 s) and some slack: ft_launcher does
+    not restart the worker group on it, nothing requeues the job, and it stays CANCELLED."""
+    run, conf = tmp_path / "R", tmp_path / "conf"
+    conf.mkdir()
+    (conf / "hang.yaml").write_text(textwrap.dedent(f"""
+        recipe: tests.hang_recipe:main
+        hang_dir: {run}
+        slurm:
+          nodes: 2
+          ntasks_per_node: 1
+          gpus_per_node: 0
+          partition: debug
+          time: "00:10:00"
+          max_requeues: 3
+        fault_tolerance:
+          enabled: true
+          rank_heartbeat_timeout: 600
+          initial_rank_heartbeat_timeout: 600
+          max_restarts: 3
+    """))
+    submit = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(conf), "--config-name",
+                             "hang", f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=120)
+    assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
+    job_id = json.loads((run / "launch" / "submission.json").read_text())["job_ids"][0]
+    deadline = time.monotonic() + 300
+    while len(list(run.glob("hung.rank*"))) < 2:
+        assert time.monotonic() < deadline, f"no hang at step 3 within 300 s: {slurm_cluster.job_info(job_id)}"
+        time.sleep(1)
+    time.sleep(1)  # rank 0 is in all_reduce, rank 1 in its sleep
+    job_procs = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
+    assert len(job_procs) >= 4, job_procs  # an ft_launcher and a rank per node, at least
+
+    cancel = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
+                            capture_output=True, text=True, timeout=60)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    took = slurm_cluster.wait_gone(job_id, timeout=60)
+    assert took < 5 + 25, took  # KillWait=5 on the test cluster, plus the epilog and polling
+    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the cancelled job left: {left}"
+    assert slurm_cluster.sacct_state(job_id, timeout=30) == "CANCELLED"
+    time.sleep(10)  # a requeue would bring the job back within ~7 s here
+    assert job_id not in slurm_cluster.squeue_ids(), "the cancelled job came back"
+    assert slurm_cluster.job_info(job_id).get("Restarts", "0") == "0"
+    assert ftm.attempts(run / "launch") == []  # no in-job restart either
+    assert _status(run)["state"] == "CANCELLED"
+    print(f"\nslurm: cancel of a job with a hung rank -> gone after {took:.1f} s")

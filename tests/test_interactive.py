@@ -139,19 +139,26 @@ def test_second_run_in_a_busy_dir_is_refused_and_stale_pids_are_never_signalled(
         bystander.wait()
 
 
-def test_rank_error_quotes_the_lowest_rank_of_the_newest_attempt(tmp_path) -> None:
+def test_rank_error_quotes_the_first_failed_rank_of_the_newest_attempt(tmp_path) -> None:
     job = JobSpec(job_dir=tmp_path, job_name="train")
 
-    def error(path, message: str) -> None:
+    def error(path, message: str, mtime: float | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": "..."}}}))
+        if mtime is not None:
+            os.utime(path, (mtime, mtime))
 
     assert rank_error(job) is None
     run = job.launch_dir / "torchrun" / "none_abc"
-    error(run / "attempt_0" / "0" / "error.json", "RuntimeError: first attempt")
-    error(run / "attempt_1" / "3" / "error.json", "ValueError: Size mismatch\nfor layer 0")
-    error(run / "attempt_1" / "1" / "error.json", "KeyError: 'x'")
-    assert rank_error(job) == "rank 1: KeyError: 'x'"  # the restart that ended the job, its lowest rank
+    t = time.time()
+    error(run / "attempt_0" / "0" / "error.json", "RuntimeError: first attempt", t - 50)
+    error(run / "attempt_1" / "3" / "error.json", "ValueError: Size mismatch\nfor layer 0", t - 9)
+    error(run / "attempt_1" / "1" / "error.json", "KeyError: 'x'", t - 9)
+    assert rank_error(job) == "rank 1: KeyError: 'x'"  # the restart that ended the job; a tie: its lowest rank
+    # rank 2 raised; rank 0 failed after it, in the next collective: the cause is rank 2's, not the lowest rank's
+    error(run / "attempt_1" / "2" / "error.json", "ValueError: loss is NaN at step 12", t - 10)
+    error(run / "attempt_1" / "0" / "error.json", "RuntimeError: Connection closed by peer [127.0.0.1]:29500", t - 8)
+    assert rank_error(job) == "rank 2: ValueError: loss is NaN at step 12"
     error(job.launch_dir / "error.rank2.json", "ValueError: Size mismatch\nmore")
     shutil.rmtree(job.launch_dir / "torchrun")
     assert rank_error(job) == "rank 2: ValueError: Size mismatch"  # first line only

@@ -278,9 +278,8 @@ def job_running(job_dir: Path) -> bool:
 class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
-    def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int],
-                 started_at: float) -> None:
-        self.plans, self.quiet, self.locks, self.started_at = plans, quiet, locks, started_at
+    def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int]) -> None:
+        self.plans, self.quiet, self.locks = plans, quiet, locks
         self.stamps = [error_stamps(p.job) for p in plans]  # what an earlier launch left (rank_error)
         first = plans[0].request
         # what the environment already allows (CUDA_VISIBLE_DEVICES, the affinity mask) is what jobs share
@@ -331,8 +330,7 @@ class _Scheduler:
                     free += devices
                     if port is not None:
                         ports.discard(port)
-                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i],
-                                                       self.started_at))
+                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i]))
 
     def _start(self, i: int, devices: list[tp.Any], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
@@ -394,12 +392,11 @@ def _out_name(plan: Plan[Request]) -> str:
     return _script(plan).replace(".sh", ".out")
 
 
-def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]],
-            started_at: float = 0.0) -> JobResult:
+def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]]) -> JobResult:
     """How a local job ended: COMPLETED when torchrun exited 0 and the result file carries this launch's id
     (:func:`automodel_hydra.plan.written_by_this_launch`), else CANCELLED/FAILED with the rank's own error."""
     value = read_result(plan.job)
-    restarts = fault_tolerance.restart_summary(plan.job.launch_dir, started_at)  # "" without in-job restarts
+    restarts = fault_tolerance.restart_summary(plan.job.launch_dir)  # "" without in-job restarts
     if returncode == 0 and value is not None and written_by_this_launch(plan.job):
         if restarts:
             log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
@@ -419,7 +416,7 @@ def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[
     if returncode == 0 and value is not None:
         tail = f"\n{plan.job.result_file} is an earlier launch's (its run_id is not launch/run_id's){tail}"
     # what ended it, quoted in the command's last line: a hung rank (fault tolerance), else the rank's exception
-    why = fault_tolerance.final_hang(plan.job.launch_dir, started_at) or rank_error(plan.job, stamps)
+    why = fault_tolerance.final_hang(plan.job.launch_dir) or rank_error(plan.job, stamps)
     if restarts:
         why = f"{why + '; ' if why else ''}{restarts}"
     what = "the call's process" if plan.job.call is not None else plan.request.launcher
@@ -542,7 +539,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
                 os.close(fd)
             raise
         started = time.time()
-        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks, started_at=started)
+        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks)
         self._schedulers.append(sched)
         sched.start()
         subs = []
@@ -580,7 +577,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             raise stop from None
 
     def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
-        return [StateInfo(local_state(Path(r.job_dir), r.started_at)) for r in refs]
+        return [StateInfo(local_state(Path(r.job_dir))) for r in refs]
 
     def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
         """Stop each job (:func:`stop_job`: its ranks checkpoint, and what is left after ``kill_wait_s`` is
@@ -621,11 +618,11 @@ def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool =
     return result
 
 
-def local_state(job_dir: Path, started_at: float = 0.0) -> JobState:
+def local_state(job_dir: Path) -> JobState:
     """State of a local job from what it left behind (there is no scheduler to ask): RUNNING while its processes
     hold the dir's run lock, COMPLETED when rank 0's ``result.json`` (a call's ``call_result.pkl``) carries the
     id of the job's launch (``launch/run_id``; never a comparison of clocks), else CANCELLED/FAILED; PENDING
-    while a sweep's queue holds it. ``started_at`` is not used for the decision (kept for callers)."""
+    while a sweep's queue holds it."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
     job = JobSpec(job_dir=job_dir, job_name="")

@@ -960,7 +960,7 @@ def _fresh_result(sub: Submission[SlurmRef]) -> bool:
 
 def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if state is JobState.COMPLETED and _fresh_result(sub):
-        restarted = fault_tolerance.restart_summary(sub.plan.job.launch_dir, sub.ref.submitted_at)
+        restarted = fault_tolerance.restart_summary(sub.plan.job.launch_dir)
         if restarted:
             log.warning("slurm job %s completed, %s", sub.ref.job_id, restarted)
         return JobResult(JobState.COMPLETED, read_result(sub.plan.job))
@@ -970,11 +970,11 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
         tail = "\n" + "\n".join(Path(copy).read_text(errors="replace").splitlines()[-30:])
     why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
     # a hung rank (fault tolerance: its stack is in launch/ft/), else the failed rank's exception
-    failed_rank = (fault_tolerance.final_hang(sub.plan.job.launch_dir, sub.ref.submitted_at)
+    failed_rank = (fault_tolerance.final_hang(sub.plan.job.launch_dir)
                    or rank_error(sub.plan.job, sub.error_stamps))
     if failed_rank:
         why = f"{failed_rank}; {why}"
-    restarts = fault_tolerance.restart_summary(sub.plan.job.launch_dir, sub.ref.submitted_at)
+    restarts = fault_tolerance.restart_summary(sub.plan.job.launch_dir)
     if restarts:
         why = f"{why}; {restarts}"
     return JobResult(JobState.FAILED if state is JobState.COMPLETED else state,
