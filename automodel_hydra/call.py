@@ -136,11 +136,11 @@ def run(call_file: Path) -> int:
     cwd = header["cwd"]
     call_dir = os.environ.get("AUTOMODEL_CALL_DIR")
     if call_dir:  # submitted through slurm.tunnel: the submitting machine's dirs are not here
-        from omegaconf import open_dict
+        from omegaconf import open_dict, read_write
 
         cwd = _snapshot_paths([cwd], os.environ)[0]  # the snapshot's copy of the submitting dir
         cwd = cwd if os.path.isdir(cwd) else os.getcwd()
-        with open_dict(config):
+        with read_write(config.hydra), open_dict(config):
             config.hydra.sweep.dir, config.hydra.sweep.subdir = call_dir, "."
     os.chdir(cwd)
     Singleton.set_state(state)

@@ -26,7 +26,7 @@ VERSION = "{version}"
 def main(cfg, dist, should_stop):
     print(f"recipe {{VERSION}} on rank {{dist.rank}} of {{dist.world_size}}", flush=True)
     return {{"loss": 0.0, "version": VERSION, "x": cfg.x, "world_size": dist.world_size,
-             "nodes": dist.num_nodes}}
+             "nodes": dist.env.num_nodes}}
 '''
 
 JOB = """recipe: my_pkg.train:main
@@ -158,7 +158,7 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
     repo = user_repo(tmp_path)
     remote, sweep = tmp_path / "remote", repo / "multirun" / "S"  # inside the submitting dir: relative there
     env = local_env(tmp_path)
-    proc = launch(repo, env, *sshd.overrides(remote), "-m", "x=1,2,3", "+slurm.detach=true",
+    proc = launch(repo, env, "-m", *sshd.overrides(remote), "x=1,2,3", "+slurm.detach=true",
                   "+slurm.sbatch_args.hold=null", "hydra.sweep.dir=multirun/S")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     manifest = json.loads((sweep / "launch" / "manifest.json").read_text())

@@ -101,9 +101,10 @@ class Endpoint:
 def remote_path(local: Path | str, local_root: Path | str, job_dir: str) -> PurePosixPath:
     """Where a local run dir (or a path in it) lives on the login node: ``job_dir`` plus its path relative to
     ``local_root`` (the submitting dir), or plus its absolute path when it lies outside (pure).
-    ``remote_path("/w/multirun/S/0", "/w", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/multirun/S/0``."""
-    norm = PurePosixPath(os.path.normpath(str(local)))
+    ``remote_path("/w/multirun/S/0", "/w", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/multirun/S/0``; a relative
+    ``local`` is taken relative to ``local_root``."""
     root = PurePosixPath(os.path.normpath(str(local_root)))
+    norm = PurePosixPath(os.path.normpath(str(root / local)))  # a relative path is relative to the submitting dir
     rel = norm.relative_to(root) if norm == root or root in norm.parents else norm.relative_to("/")
     return PurePosixPath(job_dir) / rel
 
