@@ -146,6 +146,7 @@ class Connection:
         with self._lock:
             if self._dir is not None and os.path.exists(self.socket):
                 return
+            self._forget()  # a master that ended (idle past ControlPersist): log in again
             if shutil.which("ssh") is None:
                 raise TunnelError("slurm.tunnel: ssh is not on PATH (Debian/Ubuntu: apt-get install openssh-client)")
             identity = self.endpoint.identity
