@@ -20,10 +20,14 @@ from tests.helpers import ROOT
 pytestmark = [pytest.mark.slurm]
 
 RECIPE = '''
+import time
+
 VERSION = "{version}"
 
 
 def main(cfg, dist, should_stop):
+    if cfg.x == 1:  # the job a test cancels while it runs
+        time.sleep(120)
     print(f"recipe {{VERSION}} on rank {{dist.rank}} of {{dist.world_size}}", flush=True)
     return {{"loss": 0.0, "version": VERSION, "x": cfg.x, "world_size": dist.world_size,
              "nodes": dist.env.num_nodes}}
@@ -153,8 +157,8 @@ def test_two_node_job_through_the_tunnel_is_followed_and_reported(slurm_cluster,
 
 
 def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_cluster, sshd, tmp_path: Path) -> None:
-    """Submitted held, the recipe edited while the array pends, one task cancelled through the tunnel, the rest
-    released: the jobs run the submitted code, and status/report say what happened."""
+    """Submitted held, the recipe edited while the array pends, then released; the job that runs long is cancelled
+    through the tunnel: the others run the submitted code, and status/report say what happened."""
     repo = user_repo(tmp_path)
     remote, sweep = tmp_path / "remote", repo / "multirun" / "S"  # inside the submitting dir: relative there
     env = local_env(tmp_path)
@@ -170,9 +174,13 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
         status = cli(env, "status", str(sweep), "--json")
         assert [r["state"] for r in json.loads(status.stdout)] == ["PENDING"] * 3, status.stdout + status.stderr
         (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="edited while queued"))
-        cancel = cli(env, "cancel", str(sweep), "0")
-        assert cancel.returncode == 0 and "cancel requested" in cancel.stdout, cancel.stdout + cancel.stderr
         slurm_cluster.run("scontrol", "release", array)
+        deadline = time.monotonic() + 60
+        while json.loads(cli(env, "status", str(sweep), "--json").stdout)[0]["state"] != "RUNNING":
+            assert time.monotonic() < deadline, "job 0 never started"
+            time.sleep(0.5)
+        cancel = cli(env, "cancel", str(sweep), "0")
+        assert cancel.returncode == 0 and "was RUNNING, cancel requested" in cancel.stdout, cancel.stderr
         slurm_cluster.wait_gone(array, timeout=180)
     finally:
         slurm_cluster.run("scancel", array, check=False)
