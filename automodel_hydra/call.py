@@ -20,6 +20,10 @@ return value or exception that cannot be pickled is replaced by a RuntimeError s
 starts with a plain pickled header, ``{"run_id": <launch/run_id>}``, so the launcher tells this launch's JobReturn
 from an earlier one's without comparing clocks (:func:`automodel_hydra.plan.written_by_this_launch`). Exit
 status: 0 when the task function returned, 1 when it raised, so the scheduler's state says FAILED too.
+
+Submitted through ``slurm.tunnel`` (``AUTOMODEL_CALL_DIR`` set by the batch script: the job's dir on the login
+node), the submitting machine's dirs do not exist where this runs: the job starts in the snapshot's copy of the
+submitting dir (else where the script started it), and Hydra's job dir is ``AUTOMODEL_CALL_DIR``.
 """
 
 from __future__ import annotations
@@ -129,7 +133,16 @@ def run(call_file: Path) -> int:
         sys.path[:0] = [p for p in dict.fromkeys(paths) if p not in sys.path]
         task_function, hydra_context, state = pickle.load(f)
         config = pickle.load(f)
-    os.chdir(header["cwd"])
+    cwd = header["cwd"]
+    call_dir = os.environ.get("AUTOMODEL_CALL_DIR")
+    if call_dir:  # submitted through slurm.tunnel: the submitting machine's dirs are not here
+        from omegaconf import open_dict, read_write
+
+        cwd = _snapshot_paths([cwd], os.environ)[0]  # the snapshot's copy of the submitting dir
+        cwd = cwd if os.path.isdir(cwd) else os.getcwd()
+        with read_write(config.hydra), open_dict(config):
+            config.hydra.sweep.dir, config.hydra.sweep.subdir = call_dir, "."
+    os.chdir(cwd)
     Singleton.set_state(state)
     setup_globals()
     ret = run_job(hydra_context=hydra_context, task_function=_reporting(task_function), config=config,

@@ -256,11 +256,31 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def fetch_remote(records: list[Record]) -> None:
+    """Bring back what jobs submitted through ``slurm.tunnel`` wrote (results, metrics, logs), so that what is
+    read here is what the jobs wrote there; a login node that cannot be reached leaves the copies as they are."""
+    remote = [r for r in records if (r.get("ref") or {}).get("remote")]
+    if remote:
+        from automodel_hydra.backends.slurm import fetch_records
+
+        fetch_records(remote)
+
+
+def remote_reader(record: Record) -> tp.Callable[[int], tuple[int, bytes] | None] | None:
+    """Reads the log of a job submitted through ``slurm.tunnel`` on its login node; None for any other job."""
+    if not (record.get("ref") or {}).get("remote"):
+        return None
+    from automodel_hydra.backends.slurm import Slurm, _remote_reader
+
+    return _remote_reader(Slurm().ref_from_record(record))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from automodel_hydra.progress import backend_states
 
     root = resolve_dir(args.dir)
     records = load_records(root)
+    fetch_remote(records)
     shared, varying = split_overrides(records)
     rows = []
     for rec, info in zip(records, backend_states(records)):
@@ -302,22 +322,36 @@ def cmd_logs(args: argparse.Namespace) -> int:
                        f"(JOB in {', '.join(str(job_num(r)) for r in records)})")
     rec = records[0]
     path = Path(rec.get("log_path") or Path(rec["job_dir"]) / f"{rec.get('log_name', 'train')}.log")
-    return follow(path, rec, follow_=not args.no_follow, poll_s=args.poll)
+    return follow(path, rec, follow_=not args.no_follow, poll_s=args.poll, read=remote_reader(rec))
+
+
+def _read_local(path: Path) -> tp.Callable[[int], tuple[int, bytes] | None]:
+    def read(pos: int) -> tuple[int, bytes] | None:
+        if not path.is_file():
+            return None
+        if path.stat().st_size < pos:  # truncated or replaced (a requeued job): start over
+            pos = 0
+        with path.open("rb") as f:
+            f.seek(pos)
+            return pos, f.read()
+
+    return read
 
 
 def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 1.0,
-           out: tp.TextIO | None = None) -> int:
-    """Print ``path``; when following, keep printing what is appended until the job reaches a final state."""
+           out: tp.TextIO | None = None, read: tp.Callable[[int], tuple[int, bytes] | None] | None = None) -> int:
+    """Print ``path``; when following, keep printing what is appended until the job reaches a final state.
+    ``read(pos)``: the log's bytes from ``pos`` as ``(offset, data)``, None while there is none (default: the
+    local file; a job of ``slurm.tunnel``: its log on the login node)."""
     out = out or sys.stdout
-    pos, state, checked = 0, None, 0.0
+    read = read or _read_local(path)
+    pos, state, checked, seen = 0, None, 0.0, False
     try:
         while True:
-            if path.is_file():
-                if path.stat().st_size < pos:  # truncated or replaced (a requeued job): start over
-                    pos = 0
-                with path.open("rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
+            got = read(pos)
+            if got is not None:
+                seen = True
+                pos, chunk = got
                 pos += len(chunk)
                 if chunk:
                     out.write(chunk.decode(errors="replace"))
@@ -330,7 +364,7 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
             time.sleep(poll_s)
     except KeyboardInterrupt:
         return 130
-    if not path.is_file():
+    if not seen:
         print(f"no log yet at {path} (job {job_num(record)}: {(state or job_state(record)[0]).value})",
               file=sys.stderr)
         return 1
@@ -415,6 +449,7 @@ def report_title(root: Path, records: list[Record]) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     root = resolve_dir(args.dir)
     records = load_records(root)
+    fetch_remote(records)
     out_dir = Path(args.out) if args.out else root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     shared, labels = split_overrides(records)

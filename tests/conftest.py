@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["tests.slurm_cluster", "tests.ssh_server"]
 
 
 @pytest.fixture(autouse=True)

@@ -52,7 +52,7 @@ import sys
 import time
 import typing as tp
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from automodel_hydra import fault_tolerance
 from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODEL_DEFAULTS
@@ -68,9 +68,20 @@ from automodel_hydra.backends.slurm_script import (
     render_sbatch,
     sbatch_export_args,
 )
+from automodel_hydra.backends.slurm_tunnel import (
+    Connection,
+    Endpoint,
+    Probe,
+    TunnelError,
+    connect,
+    no_sbatch_line,
+    remote_path,
+)
 from automodel_hydra.bootstrap import PORT_SPAN
 from automodel_hydra.envvars import UnsetReference, export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (
+    CALL_FILE,
+    RUN_ID_FILE,
     TORCHRUN_LOG_DIR,
     Backend,
     Batch,
@@ -134,6 +145,31 @@ TASK_DEFAULTS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Remote:
+    """Where planned jobs live on the login node (``slurm.tunnel``, docs/remote.md): each local run dir under
+    ``job_dir`` by its path relative to ``local_root`` (the submitting dir; :func:`slurm_tunnel.remote_path`)."""
+
+    endpoint: Endpoint
+    job_dir: str
+    local_root: Path
+    python: str = "python"
+    sbatch_export: str = ""  # the login shell's SBATCH_EXPORT
+
+    def path(self, local: Path | str) -> Path:
+        """The login node's path of a local run dir or a path in it."""
+        return Path(str(remote_path(local, self.local_root, self.job_dir)))
+
+
+def node_job(job: JobSpec, remote: Remote | None) -> JobSpec:
+    """``job`` with the paths the ranks see: itself, or under a tunnel its dirs on the login node (pure)."""
+    if remote is None:
+        return job
+    return dataclasses.replace(job, job_dir=remote.path(job.job_dir),
+                               workdir=remote.path(job.workdir) if job.workdir is not None else None,
+                               code_dir=remote.path(job.code_dir) if job.code_dir is not None else None)
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     """Everything a job's script needs except its output dir; equal requests share one job array."""
 
@@ -152,6 +188,8 @@ class Request:
     code_dir: str | None = None
     #: a container job's working dir in it (``slurm.chdir``; None: the output dir)
     workdir: str | None = None
+    #: ``slurm.tunnel``: the login node that submits the job, and where its dirs are there (None: sbatch here)
+    remote: Remote | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,14 +199,30 @@ class Facts:
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
     #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
     snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
+    #: ``slurm.tunnel``: the submitting dir, and what each login node answered (:meth:`Connection.probe`)
+    cwd: Path | None = None
+    remote: tp.Mapping[Endpoint, Probe] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteRef:
+    """A job submitted through ``slurm.tunnel``: the login node, the job's dir and rank-0 log there, and where
+    copies of that log land here (``local_log``)."""
+
+    endpoint: Endpoint
+    job_dir: str
+    log: str
+    local_log: str
 
 
 @dataclasses.dataclass(frozen=True)
 class SlurmRef:
-    """A Slurm job: ``job_id`` is ``123``, or ``123_4`` for array task 4; ``submitted_at`` in epoch seconds."""
+    """A Slurm job: ``job_id`` is ``123``, or ``123_4`` for array task 4; ``submitted_at`` in epoch seconds;
+    ``remote``: submitted through ``slurm.tunnel`` (None: from this machine)."""
 
     job_id: str
     submitted_at: float = 0.0
+    remote: RemoteRef | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -221,12 +275,13 @@ def _mount(source: str, dest: str, key: str) -> str:
     return f"{source}:{dest}"
 
 
-def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) -> Request:
+def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None, remote: Remote | None = None
+                  ) -> Request:
     sc = cfg.slurm
     assert sc is not None, "the slurm backend plans configs with a slurm: section"
     hf_home = sc.hf_home
     in_container = sc.container_image is not None
-    python = "python" if in_container else sys.executable
+    python = "python" if in_container else remote.python if remote is not None else sys.executable
     volume = sc.nemo_volume
     if job.code_dir is None or (in_container and sc.nemo_mount and volume is None):
         source = None  # (a container path in nemo_mount: this project's live source is mounted there instead)
@@ -234,6 +289,8 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
     inside = container_pythonpath(sc, source, job.code_dir) if in_container else []
     if in_container:  # the host's PYTHONPATH means nothing there; the task sets it inside (see the srun command)
         pythonpath = f"export PYTHONPATH={':'.join(shlex.quote(e) for e in inside)}"
+    elif remote is not None:  # this machine's checkout means nothing on the cluster (slurm.snapshot: none)
+        pythonpath = "# PYTHONPATH: automodel_hydra is expected to be installed on the cluster"
     else:
         pythonpath = f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}"
     margin = sc.checkpoint_margin_s
@@ -269,6 +326,12 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
                         f"twice in slurm.time={sc.time}")
     if source is not None and job.code_dir is not None:
         setup[1:2] = _snapshot_lines(source, job.code_dir)
+    if remote is not None and call:  # the call's Hydra job writes the job dir there, not this machine's path
+        setup.append(f'export AUTOMODEL_CALL_DIR="${JOB_DIR_VAR}"')
+    if remote is not None:  # the submitting dir is not there: start in its copy (or the job dir)
+        start = source.pythonpath(job.code_dir)[0] if source is not None and job.code_dir is not None else job.job_dir
+        setup.append(f"cd {shlex.quote(str(start))}  # slurm.tunnel: tasks start in "
+                     + ("the snapshot's copy of the submitting dir" if source is not None else "the job dir"))
     if job.env:
         setup += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
     if cfg.automodel:
@@ -317,8 +380,9 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
     command = " ".join(_sh(a) for a in [*prefix, *argv])
     ft_srun: tuple[str, ...] = ()
     if ft:  # one ft_launcher per node starts the node's ranks (docs/fault-tolerance.md)
-        launcher = "ft_launcher" if in_container else str(Path(python).parent / "ft_launcher")
-        if not in_container:  # the nodes share this machine's install (bare metal): found here, missing is one line
+        bare = in_container or "/" not in python  # a python found on PATH: its ft_launcher too
+        launcher = "ft_launcher" if bare else str(Path(python).parent / "ft_launcher")
+        if not bare:  # the nodes share this machine's install (bare metal): found here, missing is one line
             line = fault_tolerance.missing_launcher_line(f"at {launcher} on the nodes")
             setup.append(f"[ -x {shlex.quote(launcher)} ] || {{ echo {shlex.quote('error: ' + line)} | tee -a "
                          f"{_sh(str(spec.log_file))} >&2; exit 1; }}")
@@ -342,7 +406,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None) 
                    command=command,
                    env_refs=(*dict.fromkeys(r.name for e in env for r in e.refs), *(
                        n for k, n in TOKEN_FIELDS.items()
-                       if getattr(sc, k) is None)), snapshot=source,
+                       if getattr(sc, k) is None)), snapshot=source, remote=remote,
                    code_dir=str(job.code_dir) if in_container and source is not None else None,
                    workdir=sc.chdir if in_container else None)
 
@@ -454,14 +518,17 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         from automodel_hydra.paths import write_problems
 
         conf = os.environ.get("SLURM_CONF")
-        if conf and not Path(conf).is_file():
+        ssh = [c.slurm.ssh for c in cfgs if c.slurm is not None and c.slurm.ssh is not None]
+        tunnels = {Endpoint.of(tc) for tc in ssh}
+        local = len(ssh) < len(cfgs)  # some jobs are submitted here
+        if conf and not Path(conf).is_file() and local:
             raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
                                  "on a login node")
         snapshots = find_snapshots(cfgs)
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
-            if self.ranks_see_local_files(cfg):
+            if self.ranks_see_local_files(cfg) and sc.ssh is None:
                 for problem in host_problems(cfg):
                     raise problem
             # the job dir is shared with the nodes (launch/ is written, result.json read back there); a dir outside
@@ -477,8 +544,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                 sources.append(("slurm.nemo_mount" if sc.nemo_mount and sc.nemo_volume is None else "slurm.snapshot",
                                 str(JobSpec.project_root)))
             for key, source in sources:
-                if sc.container_image is None:
-                    continue
+                if sc.container_image is None or sc.ssh is not None:
+                    continue  # (through a tunnel the sources are the cluster's paths, not this host's)
                 if not Path(source).exists():
                     raise ConfigError(key, source, "a path that exists on the submitting host (it is mounted into "
                                       "the container)")
@@ -488,7 +555,10 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
                 raise UnsetReference(f"slurm.env_vars.{entry}", var)
-        return Facts(max_array_size(), snapshots)
+        remote = {endpoint: probe(endpoint) for endpoint in sorted(tunnels, key=repr)}
+        sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
+        return Facts(min([*sizes, *([max_array_size()] if local or not sizes else [])]), snapshots,
+                     Path.cwd() if remote else None, remote)
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
@@ -496,7 +566,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
 
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
         assert cfg.slurm is not None
-        return cfg.slurm.container_image is None  # bare metal: the nodes share this host's filesystem
+        # bare metal: the nodes share this host's filesystem; through a tunnel they see the cluster's
+        return cfg.slurm.container_image is None and cfg.slurm.ssh is None
 
     def plan(self, cfg: TrainConfig, job: JobSpec, facts: Facts | None = None) -> Plan[Request]:
         """Plan one Slurm job (pure): ``launch/sbatch.sh`` for ``cfg.slurm`` and the job dir ``job.job_dir``.
@@ -508,10 +579,14 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             per line), or ``,``/``:`` in a container mount path (Pyxis' ``--container-mounts`` syntax).
         """
         assert cfg.slurm is not None
-        snapshots = (facts or Facts()).snapshots
-        request = _plan_request(cfg, job, snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)))
+        facts = facts or Facts()
+        remote = _remote(cfg.slurm, facts)
+        ranks_job = node_job(job, remote)
+        request = _plan_request(cfg, ranks_job, facts.snapshots.get((cfg.slurm.snapshot, cfg.slurm.snapshot_max_mb)),
+                                remote)
         wait = cfg.slurm.wait if job.job_num is None else not cfg.slurm.detach
-        return Plan(self.name, job, {SCRIPT: render(request, [job.job_dir])}, request, wait=wait, group_key=request,
+        return Plan(self.name, job, {SCRIPT: render(request, [ranks_job.job_dir])}, request, wait=wait,
+                    group_key=request,
                     # slurm.job_name or sbatch_args' job-name; none: sbatch names the job after its script
                     name=str(dict(request.sbatch).get("job-name", SCRIPT)))
 
@@ -529,13 +604,17 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             for name, chunk in _arrays(group, (facts or Facts()).max_array_size):
                 script = launch_dir(sweep_dir) / name
                 files = {p.job.launch_dir / n: t for p in chunk for n, t in p.files.items()}
-                files[script] = render(chunk[0].request, [p.job.job_dir for p in chunk], array=True)
+                files[script] = render(chunk[0].request, [node_job(p.job, p.request.remote).job_dir for p in chunk],
+                                       array=True)
                 out.append(Batch(tuple(chunk), files))
         return out
 
     def submit(self, batch: Batch[Request]) -> list[Submission[SlurmRef]]:
         """``sbatch`` the batch's script (a job's ``launch/sbatch.sh`` or the sweep's array script); returns at once.
-        Raises RuntimeError with sbatch's own message when sbatch fails."""
+        Raises RuntimeError with sbatch's own message when sbatch fails; TunnelError (one line) when the login node
+        of ``slurm.tunnel`` cannot be reached."""
+        if batch.plans[0].request.remote is not None:
+            return _submit_remote(batch)
         if shutil.which("sbatch") is None:
             raise PreflightError("sbatch is not on PATH: run on a Slurm login node, or make the Slurm client "
                                  "available (HPC: `module load slurm`; Debian/Ubuntu: `apt-get install slurm-client`)")
@@ -565,7 +644,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         Slurm is asked (one query for all jobs) after 2 s, then less and less often up to every ``max_poll_s``,
         and at once when a job's result.json appears. A job no tool has known for ``lost_after_s`` ends UNKNOWN."""
         single = len(subs) == 1 and subs[0].plan.job.job_num is None
-        follow = _Follower(Path(str(subs[0].log_path))) if single else None
+        follow = _Follower(Path(str(subs[0].log_path)), _remote_reader(subs[0].ref)) if single else None
         results: dict[int, JobResult] = {}
         seen = {i: time.time() for i in range(len(subs))}
         fresh: set[int] = set()
@@ -576,6 +655,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             fresh |= new
             if new or time.time() >= next_check:
                 infos = self.states([subs[i].ref for i in pending])
+                fetch_back([subs[i] for i, info in zip(pending, infos) if info.state.final])
                 for i, info in zip(pending, infos):
                     if info.state is not JobState.UNKNOWN:
                         seen[i] = time.time()
@@ -595,24 +675,240 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         return [results[i] for i in range(len(subs))]
 
     def states(self, refs: tp.Sequence[SlurmRef]) -> list[StateInfo]:
-        """One ``sacct`` call for all jobs (``squeue`` for those it does not know, or when accounting is off)."""
+        """One ``sacct`` call for all jobs (``squeue`` for those it does not know, or when accounting is off); for
+        jobs submitted through ``slurm.tunnel``, the same on their login node, over its one connection. A login
+        node that cannot be reached gives UNKNOWN with the reason."""
         from automodel_hydra.backends.slurm_states import query
 
-        found = query([r.job_id for r in refs])
-        return [found.get(r.job_id, StateInfo(JobState.UNKNOWN)) for r in refs]
+        out: dict[int, StateInfo] = {}
+        for endpoint, idx in _by_endpoint(refs).items():
+            ids = [refs[i].job_id for i in idx]
+            if endpoint is None:
+                found = query(ids)
+            else:
+                try:
+                    found = query(ids, run=_remote_runner(endpoint))
+                except TunnelError as e:
+                    found = {job_id: StateInfo(JobState.UNKNOWN, str(e)) for job_id in ids}
+            out.update({i: found.get(refs[i].job_id, StateInfo(JobState.UNKNOWN)) for i in idx})
+        return [out[i] for i in range(len(refs))]
 
     def cancel(self, refs: tp.Sequence[SlurmRef]) -> None:
-        """``scancel`` each job: it checkpoints on SIGTERM, ends CANCELLED and is not requeued."""
-        for ref in refs:
-            subprocess.run(["scancel", ref.job_id], capture_output=True, env=_submit_env())
+        """``scancel`` each job (on its login node for ``slurm.tunnel``, one command for all of them there): it
+        checkpoints on SIGTERM, ends CANCELLED and is not requeued."""
+        for endpoint, idx in _by_endpoint(refs).items():
+            if endpoint is None:
+                for i in idx:
+                    subprocess.run(["scancel", refs[i].job_id], capture_output=True, env=_submit_env())
+            else:
+                connect(endpoint).run(shlex.join(["scancel", *(refs[i].job_id for i in idx)]), timeout=60)
 
     def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> SlurmRef:
         ref = record.get("ref") or {}
         job_id = ref.get("job_id") or (record.get("job_ids") or [""])[0]
-        return SlurmRef(str(job_id), float(ref.get("submitted_at", 0.0)))
+        remote = ref.get("remote")
+        return SlurmRef(str(job_id), float(ref.get("submitted_at", 0.0)),
+                        RemoteRef(Endpoint.from_record(remote["endpoint"]), str(remote["job_dir"]),
+                                  str(remote["log"]), str(remote["local_log"])) if remote else None)
 
 
 # ----------------------------------------------------------------------------------------------- side effects
+
+
+def _remote(sc: SlurmConfig, facts: Facts) -> Remote | None:
+    """The planned login node of ``sc.tunnel`` (None without one), from what preflight read."""
+    tc = sc.ssh
+    if tc is None:
+        return None
+    endpoint = Endpoint.of(tc)
+    answered = facts.remote.get(endpoint)
+    return Remote(endpoint, tc.job_dir, facts.cwd or Path("/"), tc.python,
+                  answered.sbatch_export if answered is not None else "")
+
+
+def probe(endpoint: Endpoint) -> Probe:
+    """Log in to the login node and ask it once for sbatch, MaxArraySize and SBATCH_EXPORT. Raises TunnelError
+    (one line) when it does not answer, refuses the key, or has no sbatch."""
+    answer = connect(endpoint).probe()
+    if answer.sbatch is None:
+        raise TunnelError(no_sbatch_line(endpoint))
+    return answer
+
+
+def _by_endpoint(refs: tp.Sequence[SlurmRef]) -> dict[Endpoint | None, list[int]]:
+    groups: dict[Endpoint | None, list[int]] = {}
+    for i, ref in enumerate(refs):
+        groups.setdefault(ref.remote.endpoint if ref.remote is not None else None, []).append(i)
+    return groups
+
+
+def _remote_runner(endpoint: Endpoint) -> tp.Callable[[list[str], float], str]:
+    """``slurm_states.query``'s command runner on the login node: stdout, or "" when the command failed."""
+    conn = connect(endpoint)
+
+    def run(argv: list[str], timeout_s: float) -> str:
+        proc = conn.run(shlex.join(argv), timeout=timeout_s)
+        return proc.stdout.decode(errors="replace") if proc.returncode == 0 else ""
+
+    return run
+
+
+def _remote_reader(ref: SlurmRef) -> tp.Callable[[int], tuple[int, bytes] | None] | None:
+    """Reads the job's remote rank-0 log from an offset (:meth:`Connection.read_from`); None for a local job."""
+    remote = ref.remote
+    if remote is None:
+        return None
+    return lambda pos: connect(remote.endpoint).read_from(remote.log, pos)
+
+
+#: What a job submitted through ``slurm.tunnel`` writes back that this machine reads: its result and metrics, its
+#: logs, the rank error files and fault-tolerance records, a call job's JobReturn and Hydra's ``.hydra/``. Never
+#: a checkpoint, never the code snapshot.
+FETCHED = ("result.json", "metrics.jsonl", "*.log", ".hydra", "launch/error.rank*.json", "launch/call_result.pkl",
+           "launch/call_error.pkl", f"launch/{TORCHRUN_LOG_DIR}", "launch/ft")
+
+
+def fetch_back(subs: tp.Sequence[Submission[SlurmRef]]) -> None:
+    """Copy what the remote jobs of ``subs`` wrote back into their local dirs (:data:`FETCHED`, and the rank-0
+    log), one ``tar`` per login node; local jobs need nothing. A login node that cannot be reached leaves the
+    local copies as they are."""
+    fetch_jobs([(sub.ref, sub.plan.job.job_dir) for sub in subs])
+
+
+def fetch_records(records: tp.Sequence[tp.Mapping[str, tp.Any]]) -> None:
+    """:func:`fetch_back` for submission records (``automodel-hydra status|report``)."""
+    backend = Slurm()
+    fetch_jobs([(backend.ref_from_record(r), Path(r["job_dir"])) for r in records if r.get("backend") == "slurm"])
+
+
+def fetch_jobs(jobs: tp.Sequence[tuple[SlurmRef, Path]]) -> None:
+    """:func:`fetch_back` for ``(reference, local job dir)`` pairs."""
+    by: dict[Endpoint, list[tuple[PurePosixPath, Path, tp.Sequence[str]]]] = {}
+    for ref, job_dir in jobs:
+        remote = ref.remote
+        if remote is None:
+            continue
+        node_log = PurePosixPath(remote.log)
+        by.setdefault(remote.endpoint, []).extend([
+            (PurePosixPath(remote.job_dir), job_dir, FETCHED),
+            (node_log.parent, Path(remote.local_log).parent, (node_log.name,))])
+    for endpoint, items in by.items():
+        try:
+            connect(endpoint).fetch(items)
+        except TunnelError as e:
+            log.warning("the results on %s were not copied back: %s", endpoint.where, e)
+
+
+def _submit_remote(batch: Batch[Request]) -> list[Submission[SlurmRef]]:
+    """``sbatch`` on the login node of ``slurm.tunnel``: first one ``tar`` stream with the batch's launch files and
+    (once per sweep, not per job) the code snapshot, then ``sbatch`` there; the local run dir keeps ``.hydra/``,
+    ``launch/`` and the records. The variables ``env_vars`` refer to (a token) go from this shell to sbatch's
+    environment there on ssh's stdin: never a value in a file, on either side."""
+    first = batch.plans[0]
+    remote = first.request.remote
+    assert remote is not None
+    conn = connect(remote.endpoint)
+    dirs = [p.job.job_dir for p in batch.plans]
+    own = set(dirs)
+    array = [path for path in batch.files if path.parent.parent not in own]
+    script = array[0] if array else first.job.launch_dir / SCRIPT
+    root = log_root(dirs, bool(array))
+    node_root = remote.path(root)
+    files: dict[PurePosixPath, Path | bytes] = {}
+    for path in batch.files:
+        files[PurePosixPath(remote.path(path))] = path
+    for p in batch.plans:
+        for name in (CALL_FILE, RUN_ID_FILE):
+            if (p.job.launch_dir / name).is_file():
+                files[PurePosixPath(remote.path(p.job.launch_dir / name))] = p.job.launch_dir / name
+        if p.job.job_file.is_file():
+            files[PurePosixPath(remote.path(p.job.job_file))] = _node_spec(p.job.job_file, remote, [p.job.job_dir,
+                                                                                                   root])
+    renames = []
+    code = None
+    source, code_dir = first.request.snapshot, first.job.code_dir
+    if source is not None and code_dir is not None:
+        node_code = PurePosixPath(remote.path(code_dir))
+        key = (remote.endpoint, str(node_code))
+        code = _REMOTE_SNAPSHOTS.get(key) if first.job.job_num is not None else None
+        if code is None:
+            from automodel_hydra.snapshot import LIB_DIR, PACKAGE, SRC_DIR
+
+            tmp = node_code.with_name(f".{node_code.name}.{os.getpid()}.tmp")
+            for rel in source.files:
+                files[tmp / SRC_DIR / rel] = source.root / rel
+            if not source.project_inside:
+                package = source.project_root / PACKAGE
+                for path in sorted(package.rglob("*")):
+                    if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                        files[tmp / LIB_DIR / PACKAGE / path.relative_to(package).as_posix()] = path
+            renames.append((tmp, node_code))
+            code = {**source.record(Path(str(node_code))), "host": remote.endpoint.destination}
+            if first.job.job_num is not None:
+                _REMOTE_SNAPSHOTS[key] = code
+    conn.ship(remote.job_dir, files, dirs=[PurePosixPath(node_root) / "slurm"], renames=renames)
+    started = time.time()
+    job_id = _sbatch_remote(conn, PurePosixPath(remote.path(script)), first.request)
+    subs = []
+    for i, p in enumerate(batch.plans):
+        jid = f"{job_id}_{i}" if array else job_id
+        name = f"{job_id}_{i}_0_log.out" if array else f"{job_id}_0_log.out"
+        node_log = PurePosixPath(node_root) / "slurm" / name
+        ref = SlurmRef(jid, started, RemoteRef(remote.endpoint, str(remote.path(p.job.job_dir)), str(node_log),
+                                               str(root / "slurm" / name)))
+        subs.append(Submission(p, ref, log_path=f"{remote.endpoint.destination}:{node_log}", code=code))
+    return subs
+
+
+def _node_spec(job_file: Path, remote: Remote, roots: tp.Sequence[Path]) -> bytes:
+    """The rank-side spec (``launch/job.yaml``) as the login node's ranks read it: every value that is a path in
+    the job's (or sweep's) local dir, ``output_dir`` first, named by its path there. The local file keeps this
+    machine's paths."""
+    import yaml
+
+    prefixes = [str(r) for r in roots]
+
+    def node(value: tp.Any) -> tp.Any:
+        if isinstance(value, str) and any(value == r or value.startswith(r.rstrip("/") + "/") for r in prefixes):
+            return str(remote.path(value))
+        if isinstance(value, dict):
+            return {k: node(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [node(v) for v in value]
+        return value
+
+    dumper: tp.Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    spec = node(yaml.safe_load(job_file.read_text()))
+    return yaml.dump(spec, Dumper=dumper, sort_keys=False).encode()
+
+
+#: The sweep code dirs this process shipped to a login node, and their records.
+_REMOTE_SNAPSHOTS: dict[tuple[Endpoint, str], dict[str, tp.Any]] = {}
+
+
+def _sbatch_remote(conn: Connection, script: PurePosixPath, request: Request) -> str:
+    """``sbatch --parsable SCRIPT`` on the login node, the submitting shell's values of ``request.env_refs`` read
+    from stdin into sbatch's environment (never on a command line or in a file). Returns the job id; raises
+    SubmitError with sbatch's own message."""
+    names = [n for n in dict.fromkeys(request.env_refs) if n in os.environ]
+    for name in names:
+        if "\n" in os.environ[name] or "\0" in os.environ[name]:
+            raise SubmitError(f"${name} holds a line break, which cannot be passed to sbatch through slurm.tunnel")
+    site = {"SBATCH_EXPORT": request.remote.sbatch_export} if request.remote is not None else {}
+    argv = ["sbatch", "--parsable", *sbatch_export_args(site, request.env_refs), str(script)]
+    reads = "".join(f"IFS= read -r {n}; export {n}; " for n in names)
+    proc = conn.run(f"{reads}cd {shlex.quote(str(script.parent))} && exec {shlex.join(argv)}",
+                    input="".join(os.environ[n] + "\n" for n in names).encode(), timeout=120)
+    out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    if proc.returncode != 0:
+        said = (err.strip() or out.strip()).splitlines()
+        hint = next((h for pattern, h in _SBATCH_HINTS if any(pattern in line for line in said)), "")
+        raise SubmitError(f"sbatch {script} on {conn.endpoint.where} failed ({proc.returncode}): "
+                          f"{' | '.join(said[-3:])}{hint}")
+    try:
+        return parse_job_id(out)
+    except SubmitError as e:
+        raise SubmitError(f"sbatch {script} on {conn.endpoint.where}: {e}") from None
 
 
 def find_snapshots(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], Source | None]:
@@ -714,8 +1010,9 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
             log.warning("slurm job %s completed, %s", sub.ref.job_id, restarted)
         return JobResult(JobState.COMPLETED, read_result(sub.plan.job))
     tail = ""
-    if sub.log_path and Path(sub.log_path).exists():
-        tail = "\n" + "\n".join(Path(sub.log_path).read_text(errors="replace").splitlines()[-30:])
+    copy = sub.ref.remote.local_log if sub.ref.remote is not None else sub.log_path  # a remote log's copy here
+    if copy and Path(copy).exists():
+        tail = "\n" + "\n".join(Path(copy).read_text(errors="replace").splitlines()[-30:])
     why = "no result.json was written" if state is JobState.COMPLETED else f"Slurm state {state.value}"
     # a hung rank (fault tolerance: its stack is in launch/ft/), else the failed rank's exception
     failed_rank = (fault_tolerance.final_hang(sub.plan.job.launch_dir)
@@ -730,18 +1027,25 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
 
 
 class _Follower:
-    """Prints what a log file gains (``tail -f``), from its start."""
+    """Prints what a log file gains (``tail -f``), from its start; ``read`` reads it elsewhere (a remote log:
+    ``(offset, data)`` from an offset, or None while there is none)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.pos = path, 0
+    def __init__(self, path: Path, read: tp.Callable[[int], tuple[int, bytes] | None] | None = None) -> None:
+        self.path, self.pos, self.read = path, 0, read
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end mid-character
 
     def poll(self) -> None:
-        if not self.path.exists():
+        if self.read is not None:
+            got = self.read(self.pos)
+            if got is None:
+                return
+            self.pos, data = got
+        elif not self.path.exists():
             return
-        with self.path.open("rb") as f:
-            f.seek(self.pos)
-            data = f.read()
+        else:
+            with self.path.open("rb") as f:
+                f.seek(self.pos)
+                data = f.read()
         self.pos += len(data)
         if data:
             sys.stdout.write(self.decoder.decode(data))

@@ -101,6 +101,57 @@ class VolumeMapping:
         return vm
 
 
+#: A host name, an IPv4/IPv6 address or an ssh_config(5) ``Host`` alias: nothing ssh would read as an option.
+_HOST = re.compile(r"[A-Za-z0-9_.:%\[\]-]+\Z")
+_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]*\Z")
+_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
+
+
+@dataclass
+class TunnelConfig:
+    """Submit through SSH to a Slurm login node (``slurm.tunnel``); NeMo-Run's ``SSHTunnel`` names.
+
+    ``job_dir`` is an absolute path on the remote host: each run's or sweep's dir there is ``job_dir`` plus its
+    local path (relative to the submitting dir when inside it). ``identity`` is a private key file here (``~``
+    allowed); ``options`` are extra ssh_config(5) options (``ProxyJump``, ``UserKnownHostsFile`` ...) given as
+    ``-o KEY=VALUE``; the user's own ``~/.ssh/config`` applies as well. ``python`` is the interpreter the ranks run
+    there (the one on the job's PATH after ``slurm.setup``, by default). docs/remote.md.
+    """
+
+    host: tp.Optional[str] = None
+    user: tp.Optional[str] = None
+    port: tp.Optional[int] = None
+    identity: tp.Optional[str] = None
+    job_dir: str = ""
+    python: str = "python"
+    options: tp.Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.host is None:  # no tunnel: sbatch here
+            return
+        require(bool(self.host) and _HOST.match(self.host) is not None and not self.host.startswith("-"),
+                "slurm.tunnel.host", self.host, "a host name, address or ~/.ssh/config Host alias of the cluster's "
+                "login node (no spaces, not starting with '-')")
+        if self.user is not None:
+            require(_USER.match(self.user) is not None, "slurm.tunnel.user", self.user,
+                    "a user name on the login node (letters, digits, '_', '.', '-'), or null for ssh's own choice")
+        if self.port is not None:
+            require(1 <= self.port <= 65535, "slurm.tunnel.port", self.port, "a TCP port in 1..65535, or null (22 "
+                    "or ~/.ssh/config's Port)")
+        if self.identity is not None:
+            require(bool(self.identity) and "\n" not in self.identity, "slurm.tunnel.identity", self.identity,
+                    "the path of a private key file on this machine, or null (ssh's agent and ~/.ssh/config)")
+        require(self.job_dir.startswith("/") and "\n" not in self.job_dir and "\0" not in self.job_dir,
+                "slurm.tunnel.job_dir", self.job_dir, "an absolute path on the login node, under which each run's "
+                "dir goes (NeMo-Run's SSHTunnel.job_dir)")
+        require(bool(self.python) and "\n" not in self.python, "slurm.tunnel.python", self.python,
+                "the ranks' python on the cluster: a command on the job's PATH, or an absolute path")
+        for key, value in self.options.items():
+            require(_OPTION.match(str(key)) is not None and "\n" not in str(value), f"slurm.tunnel.options.{key}",
+                    value, "an ssh_config(5) option name with a one-line value (e.g. ProxyJump: bastion)")
+
+
+
 @dataclass
 class SlurmConfig:
     """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
@@ -184,6 +235,9 @@ class SlurmConfig:
     snapshot: str = "auto"
     # the most a snapshot may copy, in MiB (checked before anything is submitted)
     snapshot_max_mb: float = 200.0
+    # submit through SSH from this machine: {host, user, port, identity, job_dir} (NeMo-Run's SSHTunnel names);
+    # host null = sbatch here (docs/remote.md)
+    tunnel: TunnelConfig = field(default_factory=TunnelConfig)
 
     def __post_init__(self) -> None:
         at_least("slurm.nodes", self.nodes)
@@ -228,6 +282,11 @@ class SlurmConfig:
         if self.nemo_mount is not None and self.nemo_volume is None:
             require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
                     "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")
+
+    @property
+    def ssh(self) -> TunnelConfig | None:
+        """``tunnel`` when it names a host (jobs are submitted through SSH), else None (sbatch here)."""
+        return self.tunnel if self.tunnel.host is not None else None
 
     @property
     def nemo_volume(self) -> VolumeMapping | None:

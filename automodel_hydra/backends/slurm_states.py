@@ -41,7 +41,8 @@ _TABLE_ID = re.compile(r"(\d+)(?:_(\d+|\[[^\]]*\]))?\Z")
 _NO_REASON = ("", "None", "(null)")
 
 
-def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0) -> dict[str, StateInfo]:
+def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0,
+          run: tp.Callable[[list[str], float], str] | None = None) -> dict[str, StateInfo]:
     """The state of every job in ``ids``: at most one ``sacct`` and one ``squeue`` call in all.
 
     Parameters
@@ -50,6 +51,9 @@ def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0) -> dict[str, StateI
         ``"123"`` or ``"123_4"``; repeats are asked once.
     timeout_s
         per command; a command that fails or times out counts as knowing nothing.
+    run
+        runs a command and returns its stdout ("" when it failed); default: here (``slurm.tunnel``: on the login
+        node, ``backends.slurm``).
 
     Returns
     -------
@@ -69,13 +73,14 @@ def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0) -> dict[str, StateI
             raise ValueError(f"Slurm job id {job_id!r}: expected a job id such as '123' or an array task '123_4'")
     if not wanted:
         return {}
-    table = parse_sacct(_run(["sacct", "-X", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}",
+    run = run or _run
+    table = parse_sacct(run(["sacct", "-X", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}",
                               f"--jobs={_main_ids(wanted)}"], timeout_s))
     known = {job_id: lookup(table, job_id) for job_id in wanted}
     recheck = [job_id for job_id, info in known.items()
                if info is None or not info.state.final or info.state in _MAY_REQUEUE]
     if recheck:
-        live = parse_squeue(_run(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}",
+        live = parse_squeue(run(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}",
                                   f"--jobs={_main_ids(recheck)}"], timeout_s))
         table = {**table, **live}
         known.update({job_id: lookup(table, job_id) for job_id in recheck})
