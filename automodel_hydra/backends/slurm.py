@@ -69,7 +69,7 @@ from automodel_hydra.backends.slurm_script import (
     sbatch_export_args,
 )
 from automodel_hydra.bootstrap import PORT_SPAN
-from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
+from automodel_hydra.envvars import UnsetReference, export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (
     TORCHRUN_LOG_DIR,
     Backend,
@@ -442,8 +442,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                                       "the container)")
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
-                raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
-                                     f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
+                raise UnsetReference(f"slurm.env_vars.{entry}", var)
         return Facts(max_array_size(), find_snapshots(cfgs))
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
