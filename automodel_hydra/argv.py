@@ -21,6 +21,8 @@ import re
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.schema import UserError
+
 #: Our default dirs (conf/hydra/automodel.yaml has the same for the bundled config).
 RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${automodel_uid:}"
 SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}-${automodel_uid:}"
@@ -55,14 +57,14 @@ def for_user_config(argv: list[str]) -> list[str]:
 
 
 def from_file(path: str, rest: list[str]) -> list[str]:
-    """``automodel-hydra F.yaml [args]`` as ``train.py`` arguments. Raises FileNotFoundError naming the file.
+    """``automodel-hydra F.yaml [args]`` as ``train.py`` arguments. Raises :class:`NoConfigFile` naming the file.
 
     The config dir Hydra searches is one that holds this file alone (:func:`config_dir_of`), not the file's own
     dir: there, every subdir (``outputs/``, ``multirun/`` of past runs, anything else) would be a config group,
     listed by ``--help`` and open to group overrides."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"{path}: no such config file")
+        raise NoConfigFile(f"{path}: no such config file")
     file = file.resolve()
     return for_user_config(["--config-dir", str(config_dir_of(file)), "--config-name", file.stem, *rest])
 
@@ -119,9 +121,13 @@ _HYDRA_VALUE_FLAGS = frozenset({"--cfg", "-p", "--package", "-cp", "--config-pat
 _OVERRIDE = re.compile(r"^[~+]*[A-Za-z_@][\w.\-/@]*=")
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """An AutoModel command line that cannot mean here what it meant there; the message is one line saying what to
     write instead."""
+
+
+class NoConfigFile(UsageError, FileNotFoundError):
+    """The config file the command line names does not exist; the message names it."""
 
 
 def is_automodel_cli(argv: list[str]) -> bool:
@@ -146,7 +152,7 @@ def from_automodel_cli(argv: list[str]) -> list[str]:
     Raises UsageError (one line, what to write instead): no file; an unknown command or domain; a command whose
     recipe differs from the file's ``recipe:``; ``--nproc-per-node`` with a ``slurm:`` or ``skypilot:`` section
     (AutoModel ignored it there); a file without ``recipe:`` whose sections are AutoModel's and no command.
-    FileNotFoundError when the file does not exist."""
+    :class:`NoConfigFile` when the file does not exist."""
     file: str | None = None
     nproc: str | None = None
     words: list[str] = []
@@ -202,7 +208,7 @@ def from_automodel_cli(argv: list[str]) -> list[str]:
         raise UsageError(f"no config file: automodel-hydra {shown}-c FILE.yaml (or automodel-hydra FILE.yaml)")
     path = Path(file).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"{file}: no such config file")
+        raise NoConfigFile(f"{file}: no such config file")
     sections = _top_level(path)
     recipe = sections.get("recipe")
     if command is not None:

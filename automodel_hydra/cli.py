@@ -656,7 +656,7 @@ def launch_file(args: list[str]) -> int:
 
     try:
         args = argv.from_automodel_cli(args)
-    except (FileNotFoundError, argv.UsageError) as e:
+    except argv.UsageError as e:  # a missing file included (argv.NoConfigFile)
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.execv(sys.executable, [sys.executable, "-m", "automodel_hydra.train", *args])

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import functools
 import os
+import re
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
 from automodel_hydra.backends.slurm_config import SlurmConfig
-from automodel_hydra.envvars import Ref, expand, split
+from automodel_hydra.envvars import Interp, expand, parse, render
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.schema import ConfigError, at_least, require
 
@@ -325,62 +326,74 @@ def _omegaconf_value(cfg: DictConfig, text: str) -> str:
         probe["__automodel_probe__"] = text
         try:
             return str(probe["__automodel_probe__"])
-        except OmegaConfBaseException:  # not OmegaConf's either (e.g. bash's ${VAR:?}): the backend judges it
+        except OmegaConfBaseException:  # not OmegaConf's either: the merge names the key
             return text
 
 
-#: Launcher fields a backend gives their shell meaning itself, at launch (a schema's ``SHELL_FIELDS``: SkyPilot's
-#: ``hf_token`` must stay a reference, a secret, never a value in a file); every other field is expanded by
-#: :func:`load` from the submitting shell.
+#: Launcher fields ``config.load`` does not expand from the submitting shell (a schema's ``SHELL_FIELDS``):
+#: ``SCRIPT_FIELDS`` are bash text for the job, kept as they are; the others keep their references for the
+#: backend, which gives them their shell meaning where the job runs (a secret never becomes a value in a file).
 SHELL_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SHELL_FIELDS", ("env_vars",)))
                                             for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
+SCRIPT_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(getattr(schema, "SCRIPT_FIELDS", ()))
+                                             for name, schema in (("slurm", SlurmConfig), ("skypilot", SkyPilotConfig))}
 
 
 def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mapping[str, str]) -> None:
-    """Shell references in the launcher sections (``data`` in place, each section copied before it is changed):
-    ``env_vars`` keep theirs for the job (escaped from OmegaConf, their OmegaConf interpolations resolved here);
-    every other field is expanded from ``environ`` now. See :mod:`automodel_hydra.envvars`."""
+    """Shell references in the launcher sections (``data`` in place, each section copied before it is changed),
+    read with the one grammar of :mod:`automodel_hydra.envvars`: script fields are kept for bash; the other
+    :data:`SHELL_FIELDS` keep their references for the backend (their OmegaConf interpolations resolved here);
+    every other field is expanded from ``environ`` now."""
     is_key = data.__contains__
     for section in ("interactive", *LAUNCHER_SECTIONS):
         node = data.get(section)
         if not isinstance(node, dict):
             continue
         node = data[section] = dict(node)
-        kept = set(SHELL_FIELDS.get(section, ())) - {"env_vars"}
         for name, value in list(node.items()):
             key = f"{section}.{name}"
-            if name in kept and value is not None:  # the backend expands it where it belongs (e.g. a secret)
-                node[name] = _escape(value if isinstance(value, (dict, list)) else str(value))
-            elif name == "env_vars" and isinstance(value, dict):
-                env = {}
-                for k, v in value.items():
-                    parts = split("" if v is None else str(v), is_key)
-                    env[str(k)] = "".join(_omegaconf_value(cfg, p) if isinstance(p, str) else
-                                          _ref_text(p) for p in parts).replace("${", "\\${")
-                node[name] = env
+            if name in SCRIPT_FIELDS.get(section, ()):
+                node[name] = _escape(value)
+            elif name in SHELL_FIELDS.get(section, ()):
+                if name == "env_vars" and isinstance(value, dict):
+                    value = {str(k): "" if v is None else str(v) for k, v in value.items()}
+                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                    render([_omegaconf_value(cfg, p.text) if isinstance(p, Interp) else p])
+                    for p in parse(text, k, is_key)))
             else:
-                node[name] = _expand_tree(value, environ, key, is_key)
+                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                    p if isinstance(p, Interp) else expand((p,), environ, k) for p in parse(text, k, is_key)))
 
 
-def _ref_text(ref: Ref) -> str:
-    return f"${{{ref.name}}}" if ref.default is None else f"${{{ref.name}:-{ref.default}}}"
-
-
-def _expand_tree(value: tp.Any, environ: tp.Mapping[str, str], key: str, is_key: tp.Callable[[str], bool]) -> tp.Any:
+def _walk(value: tp.Any, key: str, text: tp.Callable[[str, str], str]) -> tp.Any:
+    """``value`` with ``text(string, its key)`` applied to every string in it (lists and dicts walked)."""
     if isinstance(value, str):
-        return expand(value, environ, key, is_key) if "$" in value else value
+        return text(value, key) if "$" in value or "\\" in value else value
     if isinstance(value, list):
-        return [_expand_tree(v, environ, f"{key}[{i}]", is_key) for i, v in enumerate(value)]
+        return [_walk(v, f"{key}[{i}]", text) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _expand_tree(v, environ, f"{key}.{k}", is_key) for k, v in value.items()}
+        return {k: _walk(v, f"{key}.{k}", text) for k, v in value.items()}
     return value
+
+
+def _omega_text(pieces: tp.Iterable[str | Interp]) -> str:
+    """OmegaConf text that resolves to the literal pieces as they are and to each :class:`Interp` as OmegaConf
+    resolves it: ``${`` in a literal escaped as ``\\${``, backslashes right before a ``${`` doubled (OmegaConf's
+    grammar)."""
+    out = ""
+    for piece in pieces:
+        if isinstance(piece, Interp):
+            out = re.sub(r"(\\+)$", r"\1\1", out) + piece.text
+        else:
+            out += re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", piece)
+    return out
 
 
 def _escape(value: tp.Any) -> tp.Any:
     """``value`` with every ``${`` escaped from OmegaConf, so a recipe's own interpolation forms (AutoModel's
     ``${VAR,default}``) reach it as written."""
     if isinstance(value, str):
-        return value.replace("${", "\\${")
+        return _omega_text([value])
     if isinstance(value, list):
         return [_escape(v) for v in value]
     if isinstance(value, dict):
@@ -399,16 +412,18 @@ def load(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | No
     Raises
     ------
     ConfigError
-        A value is out of range, a variable a field refers to is unset, or an alias and its canonical key
-        disagree; the message names the key.
+        A value is out of range, a shell reference is malformed, or an alias and its canonical key disagree; the
+        message names the key.
+    automodel_hydra.envvars.UnsetReference
+        A variable a launcher field refers to is unset and has no default; the message names the field.
     omegaconf.errors.OmegaConfBaseException
         An unknown key or a value of the wrong type (also caught at compose time by Hydra).
     """
-    return _build(_data(cfg, environ))
+    return _build(load_data(cfg, environ))
 
 
-def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None,
-          container: dict[str, tp.Any] | None = None) -> dict[str, tp.Any]:
+def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None,
+              container: dict[str, tp.Any] | None = None) -> dict[str, tp.Any]:
     """What :func:`load` merges into the schema: the config's plain data (``container``, when given, is
     ``OmegaConf.to_container(cfg, resolve=False)``, made by the caller; it is not changed) without ``hydra``,
     launcher fields expanded, aliases normalised, another recipe's sections set apart."""
@@ -445,121 +460,10 @@ def _data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | N
 
 
 def _build(data: dict[str, tp.Any]) -> TrainConfig:
-    merged = OmegaConf.merge(_schema(), data)  # merge copies: the cached schema is never modified
+    merged = OmegaConf.merge(schema(), data)  # merge copies: the cached schema is never modified
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, TrainConfig)
     return obj
-
-
-class SweepLoader:
-    """:func:`load` for a sweep's jobs, whose configs differ from one job to the next in a few values.
-
-    Merging a config into the typed schema is most of :func:`load`'s cost (~30 ms for this recipe), and a sweep
-    job's data differs from the previous job's only where its overrides differ (``seed``, ``optim.lr``). The
-    loader keeps the previous job's data and merged schema; when the next job's data differs from it only in
-    leaf values (same keys everywhere, each changed value a scalar on both sides and no interpolation), it sets
-    those values on the merged schema (OmegaConf's assignment: the same conversion and type check as a merge
-    into that node) and builds the job from it as ``OmegaConf.to_object`` does, which resolves every
-    interpolation against this job's values and runs every section's checks, as :func:`load` does; a section
-    that did not change and has no interpolation is copied from the object built for it before. Anything else,
-    and any error on that way, goes through :func:`load`'s own merge, so each result and error is :func:`load`'s.
-    """
-
-    def __init__(self) -> None:
-        self._data: dict[str, tp.Any] | None = None
-        self._merged: DictConfig | None = None
-        self._sections: dict[str, tp.Any] = {}  # section -> its object, built from the merged schema as it is
-        self.fast = self.full = 0
-
-    def load(self, cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str] | None = None,
-             container: dict[str, tp.Any] | None = None) -> TrainConfig:
-        """:func:`load` of ``cfg`` (``container``: see :func:`_data`). Raises what :func:`load` raises."""
-        data = _data(cfg, environ, container)
-        if self._data is not None and self._merged is not None:
-            changes = leaf_changes(self._data, data)
-            if changes is not None:
-                try:
-                    for path, value in changes:
-                        self._sections.pop(path[0], None)
-                        node: tp.Any = self._merged
-                        for key in path[:-1]:
-                            node = node[key]
-                        node[path[-1]] = value
-                    OmegaConf.clear_cache(self._merged)  # resolvers such as ${now:} answer anew, as in a merge
-                    obj = self._to_object(self._merged)
-                except Exception:  # (the merge below gives load's own result or error)
-                    pass
-                else:
-                    self._data = data
-                    self.fast += 1
-                    return obj
-            self._data = self._merged = None
-        self._sections.clear()
-        self.full += 1
-        merged = OmegaConf.merge(_schema(), data)
-        built = OmegaConf.to_object(merged)
-        assert isinstance(built, TrainConfig) and isinstance(merged, DictConfig)
-        self._data, self._merged = data, merged
-        return built
-
-
-    def _to_object(self, merged: DictConfig) -> TrainConfig:
-        """``OmegaConf.to_object(merged)``, as OmegaConf builds a structured config (each key's value, a section
-        by ``to_object`` of its node, then ``TrainConfig(**values)``), with each section that has not changed since
-        it was built and holds no interpolation copied from the one built then (a deep copy: ``TrainConfig``'s
-        checks may change a section object, e.g. ``profile.nsys.enabled``)."""
-        values: dict[str, tp.Any] = {}
-        for key in merged:
-            value = merged[key]
-            if OmegaConf.is_config(value):
-                built = self._sections.get(str(key))
-                if built is None:
-                    built = OmegaConf.to_object(value)
-                    if not _interpolated_tree(OmegaConf.to_container(value, resolve=False)):
-                        self._sections[str(key)] = copy.deepcopy(built)
-                else:
-                    built = copy.deepcopy(built)
-                value = built
-            values[str(key)] = value
-        return TrainConfig(**values)
-
-
-def _interpolated_tree(value: tp.Any) -> bool:
-    if isinstance(value, dict):
-        return any(_interpolated_tree(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_interpolated_tree(v) for v in value)
-    return _interpolated(value)
-
-
-def leaf_changes(old: dict[str, tp.Any], new: dict[str, tp.Any],
-                 prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], tp.Any]] | None:
-    """``(key path, new value)`` for every leaf where ``new`` differs from ``old``, when both have the same keys
-    at every level, every changed value is a scalar on both sides (same type and value = unchanged) and neither
-    is text with an interpolation (``${``); otherwise None."""
-    if old.keys() != new.keys():
-        return None
-    out: list[tuple[tuple[str, ...], tp.Any]] = []
-    for key, a in old.items():
-        b = new[key]
-        if a is b and isinstance(a, (dict, list)):  # the same object: the caller changes no data it gave
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = leaf_changes(a, b, (*prefix, key))
-            if sub is None:
-                return None
-            out.extend(sub)
-        elif type(a) is type(b) and (a is b or (a == b and (not isinstance(a, float) or repr(a) == repr(b)))):
-            continue
-        elif isinstance(a, (dict, list)) or isinstance(b, (dict, list)) or _interpolated(a) or _interpolated(b):
-            return None
-        else:
-            out.append(((*prefix, key), b))
-    return out
-
-
-def _interpolated(value: tp.Any) -> bool:
-    return isinstance(value, str) and "${" in value
 
 
 def check_world(cfg: TrainConfig, world_size: int) -> None:
@@ -604,7 +508,7 @@ def host_problems(cfg: TrainConfig) -> list[ConfigError]:
 
 
 @functools.lru_cache(maxsize=1)
-def _schema() -> DictConfig:
+def schema() -> DictConfig:
     """The structured TrainConfig node, built once per process (a sweep loads one config per job)."""
     return OmegaConf.structured(TrainConfig)
 
@@ -630,7 +534,7 @@ def load_rank(spec: DictConfig | dict[str, tp.Any]) -> TrainConfig:
         spec = OmegaConf.create(spec)
     if spec.get("recipe") is not None:
         return load(spec, environ={})
-    merged = OmegaConf.merge(_schema(), spec)
+    merged = OmegaConf.merge(schema(), spec)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, TrainConfig)
     return obj

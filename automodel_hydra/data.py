@@ -216,10 +216,6 @@ class ShardedWindows(StepSampler):
         self.tokens, self.seq_len = tokens, seq_len
         super().__init__((tokens.numel() - 1) // seq_len, batch_size, what=f"windows of seq_len={seq_len}", **kw)
 
-    @property
-    def num_windows(self) -> int:
-        return self.num_samples
-
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.tokens[ids[:, None] * self.seq_len + torch.arange(self.seq_len + 1)]
         return rows[:, :-1], rows[:, 1:]

@@ -1,16 +1,30 @@
-"""Shell references in launcher fields, and ``env_vars`` rendered without ever writing a secret.
+"""Shell references in launcher fields: the one grammar every field of every launcher is read with.
 
-A launcher field may refer to the submitting shell the way a shell does: ``$VAR``, ``${VAR}``, ``${VAR}/sub``,
-``${VAR:-default}``, and AutoModel's ``${VAR,default}`` (bash(1), "Parameter Expansion"; AutoModel's config loader).
-OmegaConf's own interpolations keep their meaning: ``${oc.env:HOME}``, ``${hydra:...}``, and ``${key}`` where
-``key`` is a key of the config (``${output_dir}``). :func:`split` tells the two apart.
+A launcher field's value means what the same text means inside a double-quoted bash word (bash(1), "QUOTING" and
+"Parameter Expansion"), plus the two forms of the config world that name a variable of the submitting shell:
 
-* every launcher field but ``env_vars`` (``hf_home: ${HF_HOME}``, ``container_image: ${IMAGE}``) is expanded on the
-  submitting host (:func:`expand`); an unset variable without a default is a ConfigError naming the field;
-* an ``env_vars`` value that is exactly one reference (``HF_TOKEN: ${HF_TOKEN}``) is a secret: scripts carry the
-  reference, SkyPilot gets it as a secret, no file ever holds its value (:class:`EnvValue`); other values keep their
-  references for the place the job runs (Slurm: bash expands them in the job, where ``$SLURM_JOB_ID`` exists).
-  Literal text is quoted with :func:`shlex.quote`, so ``;``, ``$( )``, quotes and newlines stay data.
+===============================  ================================================================================
+``$VAR``, ``${VAR}``             the variable; unset = one line naming the field (:class:`UnsetReference`)
+``${VAR:-default}``              ``default`` when VAR is unset or empty (bash)
+``${VAR-default}``               ``default`` when VAR is unset (bash)
+``${VAR,default}``               AutoModel's form of ``${VAR-default}`` (``nemo_automodel`` config loader; the
+                                 default is stripped, as that loader strips it)
+``${oc.env:VAR[,default]}``      OmegaConf's form of ``${VAR}`` / ``${VAR-default}``
+``\\$``, ``\\\\``                  a literal ``$`` / ``\\``; a ``$`` before anything else (``$5``, ``$(``) and a
+                                 ``\\`` before anything else are literal too; quotes are literal characters
+===============================  ================================================================================
+
+OmegaConf's own interpolations keep their meaning: ``${key}`` where ``key`` is a key of the config
+(``${output_dir}``), a dotted or relative path (``${a.b}``, ``${.x}``) and a registered resolver (``${now:%H}``,
+``${hydra:job.name}``) are :class:`Interp` parts, left to OmegaConf. Any other ``${...}`` (bash's ``${VAR:?}``,
+``${VAR/a/b}``, ``${#VAR}``, a default holding a reference, an unclosed ``${``) is a :class:`ConfigError` naming the
+field, in one line.
+
+What a field's references become is the launcher's business, not the grammar's: most fields are expanded from the
+submitting shell when the config is loaded; ``env_vars`` values and token fields keep their references for the
+place the job runs (:class:`EnvValue`: the Slurm script expands them; SkyPilot gets their values at launch), so a
+secret is never written to a file. Fields that are whole bash scripts for the job (``setup``, ``srun_args``) are
+not read with this grammar at all: bash reads them where the job runs, single quotes and all.
 """
 
 from __future__ import annotations
@@ -21,80 +35,183 @@ import shlex
 import typing as tp
 import warnings
 
+from automodel_hydra.plan import PreflightError
 from automodel_hydra.schema import ConfigError, require
 
-_TOKEN = re.compile(r"\$\{(?P<body>[^{}]*)\}|\$(?P<bare>[A-Za-z_][A-Za-z0-9_]*)")
-_REF_BODY = re.compile(r"^(?P<env>oc\.env:)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<sep>:-|,)(?P<default>.*))?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REF_BODY = re.compile(r"(?:oc\.env:(?P<env>[A-Za-z_][A-Za-z0-9_]*)(?:,(?P<env_default>.*))?"
+                       r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:-|-|,)(?P<default>.*))?)", re.S)
+_NODE_PATH = re.compile(r"\.*[A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*|\.+[\w-]*")
+_RESOLVER = re.compile(r"(?P<name>[A-Za-z_][\w.]*):")
 _LOOKS_LIKE_VAR = re.compile(r"^[A-Z][A-Z0-9_]*_[A-Z0-9_]*$|^[A-Z]{2,}$")
-#: Variables Slurm sets inside a job (sbatch(1)/srun(1) "OUTPUT ENVIRONMENT VARIABLES"): a reference to one in
-#: ``slurm.env_vars`` is for the job, never for the submitting shell.
+VALID_REFS = "$VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR,default}; \\$ for a literal $"
+#: Variables Slurm and SkyPilot set inside a job (sbatch(1)/srun(1) "OUTPUT ENVIRONMENT VARIABLES"; SkyPilot's
+#: ``SKYPILOT_*``): a reference to one in ``env_vars`` is for the job, never for the submitting shell.
 JOB_TIME_PREFIXES = ("SLURM_", "SLURMD_", "SKYPILOT_")
+
+
+class UnsetReference(PreflightError):
+    """A field refers to a variable that is not set in the submitting shell and gives no default; one line naming
+    the field and the variable."""
+
+    def __init__(self, key: str, name: str) -> None:
+        self.key, self.name = key, name
+        super().__init__(f"{key} refers to ${{{name}}}, which is not set in this shell: export {name}=..., give a "
+                         f"default (${{{name}:-...}}), or remove the reference")
 
 
 @dataclasses.dataclass(frozen=True)
 class Ref:
-    """A reference to a shell variable; ``default`` is used when it is unset (None = no default)."""
+    """One reference to a variable of the submitting shell. ``op``: None (no default), ``"-"`` (``default`` when
+    unset) or ``":-"`` (``default`` when unset or empty), bash's operators."""
 
     name: str
-    default: str | None = None
+    op: str | None = None
+    default: str = ""
+
+    def value(self, environ: tp.Mapping[str, str]) -> str | None:
+        """The expansion in ``environ``, or None when the variable is unset and there is no default."""
+        value = environ.get(self.name)
+        if (self.op == ":-" and not value) or (self.op == "-" and value is None):
+            return self.default
+        return value
+
+    def text(self) -> str:
+        """The reference as :func:`parse` reads it back (``${NAME}``, ``${NAME-d}``, ``${NAME:-d}``)."""
+        return "${" + self.name + (self.op + self.default if self.op else "") + "}"
+
+    def bash(self) -> str:
+        """The same reference for bash, inside double quotes (the default escaped, so it stays data)."""
+        return "${" + self.name + (self.op + _dq(self.default) if self.op else "") + "}"
 
 
-Segment = tp.Union[str, Ref]
+@dataclasses.dataclass(frozen=True)
+class Interp:
+    """An OmegaConf interpolation (``${output_dir}``, ``${now:%H}``), kept as written for OmegaConf."""
+
+    text: str
 
 
-def split(text: str, is_config_key: tp.Callable[[str], bool] = lambda name: False) -> list[Segment]:
-    """``text`` as literal strings and :class:`Ref` s. OmegaConf interpolations (``${oc.*:...}`` other than
-    ``oc.env``, ``${hydra:...}``, ``${a.b}`` and ``${key}`` where ``is_config_key(key)``) stay in the literal text."""
-    out: list[Segment] = []
-    pos = 0
-    for m in _TOKEN.finditer(text):
-        body, bare = m.group("body"), m.group("bare")
-        ref = None
-        if bare is not None:
-            ref = Ref(bare)
+Part = tp.Union[str, Ref, Interp]
+
+
+def parse(text: str, key: str, is_config_key: tp.Callable[[str], bool] = lambda name: False) -> tuple[Part, ...]:
+    """``text`` as literal strings, :class:`Ref` s and :class:`Interp` s, adjacent literals joined (the module
+    docstring has the grammar). ``is_config_key(name)``: ``${name}`` is OmegaConf's interpolation of that key.
+
+    Raises ConfigError naming ``key`` for a ``${...}`` that is neither a supported reference nor OmegaConf's."""
+    parts: list[Part] = []
+    literal: list[str] = []
+
+    def emit(part: Part) -> None:
+        if literal:
+            parts.append("".join(literal))
+            literal.clear()
+        parts.append(part)
+
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\" and i + 1 < n and text[i + 1] in "$\\":
+            literal.append(text[i + 1])
+            i += 2
+        elif text.startswith("${", i):
+            end = _closing_brace(text, i + 2)
+            if end < 0:
+                raise ConfigError(key, text, f"{text[i:]!r} is not closed; use {VALID_REFS}")
+            emit(_braced(text[i + 2:end], text[i:end + 1], key, text, is_config_key))
+            i = end + 1
+        elif c == "$" and (m := _NAME.match(text, i + 1)):
+            emit(Ref(m.group()))
+            i = m.end()
         else:
-            b = _REF_BODY.match(body or "")
-            if b and (b.group("env") or not is_config_key(b.group("name"))):
-                ref = Ref(b.group("name"), b.group("default"))
-        if ref is None:
-            continue
-        if m.start() > pos:
-            out.append(text[pos:m.start()])
-        out.append(ref)
-        pos = m.end()
-    if pos < len(text):
-        out.append(text[pos:])
-    return _merge_literals(out)
+            literal.append(c)
+            i += 1
+    if literal:
+        parts.append("".join(literal))
+    return tuple(parts)
 
 
-def _merge_literals(segments: list[Segment]) -> list[Segment]:
-    out: list[Segment] = []
-    for s in segments:
-        if isinstance(s, str) and out and isinstance(out[-1], str):
-            out[-1] += s
+def _closing_brace(text: str, start: int) -> int:
+    depth = 1
+    for j in range(start, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def _braced(body: str, whole: str, key: str, text: str, is_config_key: tp.Callable[[str], bool]) -> Part:
+    from omegaconf import OmegaConf
+
+    m = _REF_BODY.fullmatch(body)
+    if m and "$" not in (m.group("default") or m.group("env_default") or "") and "{" not in body:
+        if m.group("env"):
+            default = m.group("env_default")
+            return Ref(m.group("env"), None if default is None else "-", default or "")
+        name, op, default = m.group("name"), m.group("op"), m.group("default") or ""
+        if op is None and is_config_key(name):
+            return Interp(whole)
+        if op is None:
+            return Ref(name)
+        return Ref(name, "-" if op == "," else op, default.strip() if op == "," else default)
+    resolver = _RESOLVER.match(body)
+    if _NODE_PATH.fullmatch(body) or (resolver and OmegaConf.has_resolver(resolver.group("name"))):
+        return Interp(whole)
+    raise ConfigError(key, text, f"{whole!r} is not a supported reference; use {VALID_REFS}")
+
+
+def expand(parts: tp.Sequence[Part], environ: tp.Mapping[str, str], key: str) -> str:
+    """The value of ``parts`` in ``environ`` (an :class:`Interp` as its text). Raises :class:`UnsetReference`
+    naming ``key`` for a variable that is unset and has no default."""
+    out = []
+    for p in parts:
+        if isinstance(p, Ref):
+            value = p.value(environ)
+            if value is None:
+                raise UnsetReference(key, p.name)
+            out.append(value)
         else:
-            out.append(s)
-    return out
+            out.append(p if isinstance(p, str) else p.text)
+    return "".join(out)
 
 
-def expand(text: str, environ: tp.Mapping[str, str], key: str,
-           is_config_key: tp.Callable[[str], bool] = lambda name: False) -> str:
-    """``text`` with every shell reference replaced by its value in ``environ`` (OmegaConf interpolations kept).
+def render(parts: tp.Sequence[Part]) -> str:
+    """Text that :func:`parse` reads back as ``parts`` (literal ``\\`` and ``$`` escaped)."""
+    return "".join(_escape_literal(p) if isinstance(p, str) else p.text() if isinstance(p, Ref) else p.text
+                   for p in parts)
 
-    Raises ConfigError naming ``key`` for a variable that is unset and has no default."""
-    parts = []
-    for s in split(text, is_config_key):
-        if isinstance(s, str):
-            parts.append(s)
-        elif s.name in environ:
-            parts.append(environ[s.name])
-        elif s.default is not None:
-            parts.append(s.default)
-        else:
-            raise ConfigError(key, text, f"${s.name} is not set in this shell: export it, or give a default "
-                              f"(${{{s.name}:-value}})")
-    return "".join(parts)
+
+def bash_text(parts: tp.Sequence[Part]) -> str:
+    """``parts`` for the inside of a bash double-quoted word: literal text escaped, references as bash's."""
+    return "".join(p.bash() if isinstance(p, Ref) else _dq(p if isinstance(p, str) else p.text) for p in parts)
+
+
+def _escape_literal(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("$", "\\$")
+
+
+def _dq(text: str) -> str:
+    """``text`` escaped for the inside of bash double quotes."""
+    return re.sub(r'([\\"$`])', r"\\\1", text)
+
+
+def warn_bare_name(key: str, text: str) -> None:
+    """Warn that ``text``, a literal that looks like a variable name (``HF_TOKEN``), is not expanded."""
+    if _LOOKS_LIKE_VAR.match(text):
+        warnings.warn(f"{key}={text!r} is passed as the literal string {text!r}; write '${{{text}}}' to pass the "
+                      f"submitting shell's ${text} instead", stacklevel=3)
+
+
+def check_name(key: str, name: tp.Any, value: tp.Any) -> None:
+    """``name`` is a shell variable name; else ConfigError naming ``key``."""
+    require(bool(_NAME.fullmatch(str(name))), key, value, "variable names are [A-Za-z_][A-Za-z0-9_]*")
+
+
+# ----------------------------------------------------------------------------------------- values for the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,17 +220,17 @@ class EnvValue:
     reference without a default (a secret: it is passed on by name, never written)."""
 
     name: str
-    segments: tuple[Segment, ...] = ()
+    segments: tuple[Part, ...] = ()
 
     @property
     def ref(self) -> str | None:
         (only,) = self.segments if len(self.segments) == 1 else (None,)
-        return only.name if isinstance(only, Ref) and only.default is None else None
+        return only.name if isinstance(only, Ref) and only.op is None else None
 
     @property
     def literal(self) -> str | None:
         """The value when it refers to nothing."""
-        if any(isinstance(s, Ref) for s in self.segments):
+        if any(not isinstance(s, str) for s in self.segments):
             return None
         return "".join(tp.cast(tp.Sequence[str], self.segments))
 
@@ -123,45 +240,28 @@ class EnvValue:
 
     def resolve(self, environ: tp.Mapping[str, str]) -> str:
         """The value with references taken from ``environ`` (an unset one without a default: "")."""
-        return "".join(s if isinstance(s, str) else environ.get(s.name, s.default or "") for s in self.segments)
+        return "".join(s if isinstance(s, str) else (s.value(environ) or "") if isinstance(s, Ref) else s.text
+                       for s in self.segments)
 
     def shell(self) -> str:
         """The value as a bash word: literal text quoted, references expanded where the script runs
         (``"${NAME}"``, ``"${NAME:-default}"`` with the default quoted too)."""
-        parts = []
-        for s in self.segments:
-            if isinstance(s, str):
-                parts.append(shlex.quote(s))
-            elif s.default is None:
-                parts.append(f'"${{{s.name}}}"')
-            else:
-                # a quoted default inside ${NAME:-...} stays data (no command substitution)
-                parts.append(f'"${{{s.name}:-{_dq(s.default)}}}"')
-        return "".join(parts) or "''"
+        return "".join(shlex.quote(s) if isinstance(s, str) else f'"{s.bash()}"' if isinstance(s, Ref)
+                       else shlex.quote(s.text) for s in self.segments) or "''"
 
 
-def _dq(text: str) -> str:
-    """``text`` escaped for a double-quoted bash context."""
-    return re.sub(r'(["\\$`])', r"\\\1", text)
-
-
-def parse_env_vars(raw: tp.Mapping[str, tp.Any], key: str,
-                   is_config_key: tp.Callable[[str], bool] = lambda name: False) -> list[EnvValue]:
+def parse_env_vars(raw: tp.Mapping[str, tp.Any], key: str) -> list[EnvValue]:
     """Raw (unresolved) ``env_vars`` as :class:`EnvValue` s. A literal that looks like a variable name
     (``HF_TOKEN: HF_TOKEN``) is kept, with a warning that it is not expanded.
 
-    Raises ConfigError naming ``key.NAME`` for a name that is not a shell variable name."""
+    Raises ConfigError naming ``key.NAME`` for a name that is not a shell variable name or a bad reference."""
     out = []
     for name, value in raw.items():
-        require(bool(_ENV_NAME.match(str(name))), f"{key}.{name}", value, "variable names are [A-Za-z_][A-Za-z0-9_]*")
+        check_name(f"{key}.{name}", name, value)
         text = "" if value is None else str(value)
-        env = EnvValue(str(name), tuple(split(text, is_config_key)))
-        if env.literal is not None and _LOOKS_LIKE_VAR.match(text):
-            warnings.warn(
-                f"{key}.{name}={text!r} is passed as the literal string {text!r}; write '${{{text}}}' to pass the "
-                f"submitting shell's ${text} instead",
-                stacklevel=2,
-            )
+        env = EnvValue(str(name), parse(text, f"{key}.{name}"))
+        if env.literal is not None:
+            warn_bare_name(f"{key}.{name}", text)
         out.append(env)
     return out
 
@@ -175,4 +275,4 @@ def missing_refs(env: tp.Iterable[EnvValue], environ: tp.Mapping[str, str]) -> l
     """``(entry, variable)`` for each reference without a default whose variable is not set in ``environ``;
     variables that the scheduler sets inside the job (:data:`JOB_TIME_PREFIXES`) are not asked of this shell."""
     return [(e.name, r.name) for e in env for r in e.refs
-            if r.default is None and r.name not in environ and not r.name.startswith(JOB_TIME_PREFIXES)]
+            if r.op is None and r.name not in environ and not r.name.startswith(JOB_TIME_PREFIXES)]

@@ -196,14 +196,18 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
         t0, t0_epoch = time.perf_counter(), time.time()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-        def stop() -> None:
-            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 0)):
+        def signal_until_done(*steps: tuple[int, float]) -> None:
+            """Send each signal in turn, waiting its grace seconds for the run to end, until it has ended."""
+            for sig, grace in steps:
                 try:
                     os.kill(proc.pid, sig)
                 except ProcessLookupError:
                     return
                 if done.wait(grace):
                     return
+
+        def stop() -> None:
+            signal_until_done((signal.SIGTERM, 10), (signal.SIGKILL, 0))
 
         def monitor() -> None:
             while not done.is_set():
@@ -231,13 +235,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
 
         def kill() -> None:
             stopped[0] = stopped[0] or "timeout"
-            for sig, grace in ((signal.SIGINT, kill_grace), (signal.SIGKILL, 0)):
-                try:
-                    os.kill(proc.pid, sig)
-                except ProcessLookupError:
-                    return
-                if done.wait(grace):
-                    return
+            signal_until_done((signal.SIGINT, kill_grace), (signal.SIGKILL, 0))
 
         mon = threading.Thread(target=monitor, daemon=True)
         mon.start()

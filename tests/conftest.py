@@ -43,3 +43,13 @@ def weird_path(tmp_path: Path) -> Path:
     path.mkdir()
     return path
 
+
+@pytest.fixture(scope="module")
+def sky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """``import sky`` once per test module, with HOME in a temp dir (the import creates ~/.sky); skipped where
+    SkyPilot is not installed (CI runs those tests in .venv-sky)."""
+    from tests.helpers import SKY_ELSEWHERE
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        yield pytest.importorskip("sky", reason=SKY_ELSEWHERE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -57,3 +58,15 @@ def broken_model_dir(parent: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text('{"model_type": "no-such-architecture"}')
     return path
+
+
+def worker_pids(head: int) -> list[int]:
+    """The ranks below process ``head`` (``python -u -m automodel_hydra.worker ...``), parents first."""
+    from automodel_hydra.stops import tree
+
+    found = []
+    for pid in tree(head):
+        with contextlib.suppress(OSError):
+            if b"automodel_hydra.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found

@@ -60,12 +60,18 @@ def train_rows(ckpt: Path) -> list[dict[str, tp.Any]]:
 def test_squad_yaml_trains_checkpoints_and_resumes(tiny_llama_dir: Path, squad_dir: Path, tmp_path: Path,
                                                    record_property: tp.Callable[[str, tp.Any], None]) -> None:
     ckpt = tmp_path / "checkpoints"
-    t0 = time.monotonic()
-    first = torchrun(tmp_path / "run1", cpu_overrides(tiny_llama_dir, squad_dir, ckpt, max_steps=6,
-                                                      ckpt_every_steps=3, val_every_steps=3))
-    rc, _ = finish(first, tmp_path / "run1")
-    wall1 = time.monotonic() - t0
-    assert rc == 0, log_tail(tmp_path / "run1")
+
+    def run(name: str, max_steps: int) -> float:
+        """One run of the file in ``tmp_path/name`` to ``max_steps``; its wall time (s)."""
+        t0 = time.monotonic()
+        proc = torchrun(tmp_path / name, cpu_overrides(tiny_llama_dir, squad_dir, ckpt, max_steps=max_steps,
+                                                       ckpt_every_steps=3, val_every_steps=3))
+        rc, _ = finish(proc, tmp_path / name)
+        wall = time.monotonic() - t0
+        assert rc == 0, log_tail(tmp_path / name)
+        return wall
+
+    wall1 = run("run1", 6)
     r0, r1 = results(tmp_path / "run1")
     assert (r0["kind"], r0["step"], r0["stopped_early"], r0["world_size"]) == ("automodel", 6, False, 2)
     assert r1["step"] == 6 and math.isfinite(r0["loss"]) and math.isfinite(r0["val_loss"])
@@ -76,12 +82,7 @@ def test_squad_yaml_trains_checkpoints_and_resumes(tiny_llama_dir: Path, squad_d
     assert "torch distributed is already initialized, skipping initialization." in log_tail(tmp_path / "run1",
                                                                                          10**7)
 
-    t0 = time.monotonic()
-    second = torchrun(tmp_path / "run2", cpu_overrides(tiny_llama_dir, squad_dir, ckpt, max_steps=9,
-                                                       ckpt_every_steps=3, val_every_steps=3))
-    rc, _ = finish(second, tmp_path / "run2")
-    wall2 = time.monotonic() - t0
-    assert rc == 0, log_tail(tmp_path / "run2")
+    wall2 = run("run2", 9)
     assert f"Loading checkpoint from {ckpt / 'epoch_0_step_5'}" in log_tail(tmp_path / "run2", 10**7)
     assert results(tmp_path / "run2")[0]["step"] == 9
     assert [row["step"] for row in train_rows(ckpt)] == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # resumed, not restarted

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra.checkpoint import COMPLETE_MARKER, find_latest, is_complete
-from tests.helpers import ROOT, metrics
+from tests.helpers import ROOT, metrics, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -93,29 +93,6 @@ def wait_for(cond: tp.Callable[[], tp.Any], timeout: float, run: Run, what: str,
             raise AssertionError(f"train.py ended ({run.proc.returncode}) before {what}:\n{run.output[-4000:]}")
         time.sleep(poll)
     raise AssertionError(f"no {what} within {timeout}s:\n{run.output[-4000:]}")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux ``/proc/PID/task/TID/children``)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                kids = [int(c) for c in (task / "children").read_text().split()]
-                out += kids
-                todo += kids
-    return out
-
-
-def worker_pids(torchrun: int) -> list[int]:
-    """The ranks torchrun started (``python -u -m automodel_hydra.worker ...``)."""
-    found = []
-    for pid in descendants(torchrun):
-        with contextlib.suppress(OSError):
-            if b"automodel_hydra.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
 
 
 def signal_all(pids: tp.Iterable[int], signum: int) -> None:

@@ -29,15 +29,6 @@ from tests.helpers import ROOT, SKY_ELSEWHERE, compose_cfg, metrics
 TOKEN = "hf_in-memory-only-5e1d"
 
 
-@pytest.fixture(scope="module")
-def sky(tmp_path_factory: pytest.TempPathFactory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-        sky_module = pytest.importorskip("sky", reason=SKY_ELSEWHERE)
-
-        yield sky_module
-
-
 @pytest.fixture
 def sdk(sky, monkeypatch: pytest.MonkeyPatch) -> tp.Any:
     """``sky.launch`` / ``sky.jobs.launch`` / ``sky.stream_and_get`` / status calls replaced by MagicMocks; the API

@@ -102,16 +102,6 @@ def check_golden(name: str, text: str) -> None:
                     f"-k {name}")
 
 
-@pytest.fixture(scope="module")
-def sky(tmp_path_factory: pytest.TempPathFactory):
-    """``import sky`` once for this module, with HOME in a temp dir (the import creates ~/.sky)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
-        sky_module = pytest.importorskip("sky", reason=SKY_ELSEWHERE)
-
-        yield sky_module
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_matches_record_and_skypilot_accepts_it(case: str, sky, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:

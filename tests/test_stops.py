@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra.stops import alive, tree
-from tests.helpers import ROOT
+from tests.helpers import ROOT, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -103,15 +103,6 @@ def pid_of(job_dir: Path) -> int | None:
     return None
 
 
-def ranks_of(head: int) -> list[int]:
-    ranks = []
-    for pid in tree(head):
-        with contextlib.suppress(OSError):
-            if b"automodel_hydra.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                ranks.append(pid)
-    return ranks
-
-
 def test_sigint_to_a_sweep_by_pid_ends_every_process_and_the_line_says_how(start, tmp_path: Path) -> None:
     """``kill -INT <launcher>`` of a 2-point local sweep (2 ranks each, so one runs and one is queued): the
     running job's ranks checkpoint and end, the queued one never starts, nothing of either is left, and the last
@@ -121,7 +112,7 @@ def test_sigint_to_a_sweep_by_pid_ends_every_process_and_the_line_says_how(start
                 "step_scheduler.max_steps=5000", "step_scheduler.checkpoint_interval=1000", "optim.lr=1e-3,2e-3")
     head = cmd.wait_for(lambda: pid_of(sweep / "0"), 120, "job 0's torchrun")
     cmd.wait_for(lambda: (sweep / "0" / "metrics.jsonl").exists(), 180, "job 0's first steps")
-    ranks = cmd.wait_for(lambda: ranks_of(head) if len(ranks_of(head)) == 2 else None, 60, "job 0's ranks")
+    ranks = cmd.wait_for(lambda: worker_pids(head) if len(worker_pids(head)) == 2 else None, 60, "job 0's ranks")
     job = cmd.watch() | {head, *ranks}
     cmd.proc.send_signal(signal.SIGINT)  # to the pid alone, not to a terminal's process group
     rc, took = cmd.ended_within(60)
@@ -150,7 +141,7 @@ def test_a_hung_rank_is_killed_after_the_grace_time_on_sigterm_and_on_cancel(sta
         cmd.wait_for(lambda: len(list(run.glob("hung.rank*"))) == 2, 180, "the hang at step 3")
         time.sleep(1)  # rank 0 is in all_reduce, rank 1 in its sleep
         job = cmd.watch() | {head}
-        assert len(ranks_of(head)) == 2
+        assert len(worker_pids(head)) == 2
         if how == "cancel":
             cancel = subprocess.Popen([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,4 +1,4 @@
-"""Sweep jobs set up without Hydra's ``run_job`` (``_jobs.FastJobs``) and validated by ``config.SweepLoader`` are
+"""Sweep jobs set up without Hydra's ``run_job`` (``_jobs.FastJobs``) and validated by ``_fast._load.SweepLoader`` are
 what Hydra composes and what ``run_job``'s path writes: each job's config, ``.hydra/`` files, plan files and
 validation result, and each bad value's error."""
 
@@ -13,6 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from automodel_hydra import config
+from hydra_plugins.automodel_hydra_launcher._fast import _load
 from hydra_plugins.automodel_hydra_launcher._fast._compose import simple_override
 from hydra_plugins.automodel_hydra_launcher._fast._jobs import _self_contained
 from hydra_plugins.automodel_hydra_launcher._fast._yaml import YamlDoc, to_yaml
@@ -69,7 +70,7 @@ def test_sweep_loader_gives_loads_result_and_error_for_every_step(tmp_path: Path
     work = OmegaConf.create(tp.cast(dict, OmegaConf.to_container(cfg, resolve=False)))  # untyped, as load gets it
     with open_dict(work):
         del work["hydra"]
-    loader = config.SweepLoader()
+    loader = _load.SweepLoader()
     for change in STEPS:
         _apply(work, change)
         assert _outcome(lambda: loader.load(work)) == _outcome(lambda: config.load(work)), change
@@ -78,13 +79,13 @@ def test_sweep_loader_gives_loads_result_and_error_for_every_step(tmp_path: Path
 
 def test_leaf_changes_only_for_same_shape_and_plain_values() -> None:
     old = {"a": 1, "b": {"c": 1.0, "d": "x", "e": [1]}, "f": True}
-    assert config.leaf_changes(old, {"a": 2, "b": {"c": 1.0, "d": "y", "e": [1]}, "f": True}) == [
+    assert _load.leaf_changes(old, {"a": 2, "b": {"c": 1.0, "d": "y", "e": [1]}, "f": True}) == [
         (("a",), 2), (("b", "d"), "y")]
-    assert config.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [1]}, "f": 1}) == [(("f",), 1)]
-    assert config.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [2]}, "f": True}) is None
-    assert config.leaf_changes(old, {"a": {}, "b": {"c": 1.0, "d": "x", "e": [1]}, "f": True}) is None
-    assert config.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "${a}", "e": [1]}, "f": True}) is None
-    assert config.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [1]}}) is None
+    assert _load.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [1]}, "f": 1}) == [(("f",), 1)]
+    assert _load.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [2]}, "f": True}) is None
+    assert _load.leaf_changes(old, {"a": {}, "b": {"c": 1.0, "d": "x", "e": [1]}, "f": True}) is None
+    assert _load.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "${a}", "e": [1]}, "f": True}) is None
+    assert _load.leaf_changes(old, {"a": 1, "b": {"c": 1.0, "d": "x", "e": [1]}}) is None
 
 
 # ----------------------------------------------------------------------------------------------- pieces
@@ -112,7 +113,7 @@ def test_prepare_with_a_loader_is_prepare(tmp_path: Path) -> None:
 
     cfg = compose_cfg(["launcher=slurm", "slurm.partition=debug"], output_dir=tmp_path)
     job = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
-    loader = config.SweepLoader()
+    loader = _load.SweepLoader()
     container = OmegaConf.to_container(job, resolve=False)
     assert driver.prepare(job, False, lambda c: loader.load(c, container=tp.cast(dict, container))) == \
         driver.prepare(job, False)

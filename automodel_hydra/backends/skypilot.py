@@ -43,13 +43,14 @@ from automodel_hydra.backends.skypilot_config import CANNOT_STOP as CANNOT_STOP
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS as SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig as SkyPilotConfig
 from automodel_hydra.backends.skypilot_config import sky_name
-from automodel_hydra.backends.skypilot_env import SECRET_FIELDS, EnvEntry, expand, parse, task_env
+from automodel_hydra.backends.skypilot_env import SECRET_FIELDS, EnvEntry, task_env
 from automodel_hydra.backends.skypilot_sdk import RESULT_MARK as RESULT_MARK
 from automodel_hydra.backends.skypilot_sdk import STATE as STATE
 from automodel_hydra.backends.skypilot_sdk import TASK_FILE as TASK_FILE
 from automodel_hydra.backends.skypilot_sdk import SkyPilotPlanError as SkyPilotPlanError
 from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
+from automodel_hydra.envvars import expand, parse
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix

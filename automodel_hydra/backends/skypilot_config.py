@@ -27,8 +27,10 @@ class SkyPilotConfig:
     named cluster (``sky.launch``) that stops itself when idle. docs/skypilot.md: every key, AutoModel's default
     and ours, and why they differ."""
 
-    #: Fields holding shell text, taken raw by ``config.load`` and given their shell meaning here.
+    #: Fields whose shell references ``config.load`` keeps (read with automodel_hydra/envvars.py's grammar) for
+    #: the backend, which expands them at launch; ``SCRIPT_FIELDS`` are bash text for the nodes, kept as written.
     SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "hf_token", "wandb_key", "hf_home", "job_dir", "setup")
+    SCRIPT_FIELDS: tp.ClassVar[tuple[str, ...]] = ("setup",)
 
     # aws | gcp | azure | lambda | kubernetes (any case); null = the cheapest cloud `sky check` enabled
     cloud: tp.Optional[str] = None

@@ -21,7 +21,7 @@ import time
 import typing as tp
 
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS
-from automodel_hydra.backends.skypilot_env import expand
+from automodel_hydra.envvars import expand
 from automodel_hydra.plan import JobResult, PreflightError, Submission, SubmitError
 from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState

@@ -78,7 +78,7 @@ from automodel_hydra.backends.slurm_tunnel import (
     remote_path,
 )
 from automodel_hydra.bootstrap import PORT_SPAN
-from automodel_hydra.envvars import export_lines, missing_refs, parse_env_vars
+from automodel_hydra.envvars import UnsetReference, export_lines, missing_refs, parse_env_vars
 from automodel_hydra.plan import (
     CALL_FILE,
     RUN_ID_FILE,
@@ -509,8 +509,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                                       "the container)")
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
-                raise PreflightError(f"slurm.env_vars.{entry} refers to ${var}, which is not set in this shell: "
-                                     f"export {var}=..., give a default (${{{var}:-value}}), or remove the entry")
+                raise UnsetReference(f"slurm.env_vars.{entry}", var)
         remote = {endpoint: probe(endpoint) for endpoint in sorted(tunnels, key=repr)}
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         return Facts(min([*sizes, *([max_array_size()] if local or not sizes else [])]), find_snapshots(cfgs),

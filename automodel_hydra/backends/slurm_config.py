@@ -150,10 +150,12 @@ class TunnelConfig:
 class SlurmConfig:
     """One Slurm job (sbatch + srun). Times are Slurm time strings, sizes Slurm size strings."""
 
-    #: Fields that are shell text for the job itself: written to the script as they are, so bash expands their
-    #: ``$VAR`` where the job runs (a ``$HF_TOKEN`` in ``setup`` never becomes its value in a file). Every other
-    #: field's shell references are expanded from the submitting shell (automodel_hydra/envvars.py).
+    #: Fields whose shell references are not expanded by ``config.load``: ``env_vars`` and the tokens keep them
+    #: for the job (the script expands them; a secret never becomes its value in a file), and ``SCRIPT_FIELDS``
+    #: are bash text for the job, written to the script as they are. Every other field's references are expanded
+    #: from the submitting shell, with the one grammar of automodel_hydra/envvars.py.
     SHELL_FIELDS: tp.ClassVar[tuple[str, ...]] = ("env_vars", "setup", "srun_args", "hf_token", "wandb_key")
+    SCRIPT_FIELDS: tp.ClassVar[tuple[str, ...]] = ("setup", "srun_args")
 
     job_name: str = "llm_finetune"
     nodes: int = 1

@@ -15,8 +15,8 @@ documented):
 * ``_jobs``: what ``run_job`` does for a job (its dir, ``.hydra/`` files, log, ``env_set``, ``chdir``), done with
   state kept per base config, and the task function's ``prepare`` called inside it.
 * ``_yaml``: OmegaConf's YAML output with libyaml's emitter.
-* the loader ``prepare`` validates through (``SweepLoader``): the previous job's typed schema with the changed
-  values set.
+* ``_load``: the loader ``prepare`` validates through (``SweepLoader``): the previous job's typed schema with the
+  changed values set.
 
 The fast path does not apply (every job takes the exact path) when Hydra callbacks are configured: they must see
 each job as ``run_job`` shows it. Its modules are private (leading underscore) because Hydra's plugin scan imports

@@ -39,9 +39,8 @@ from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, env_override
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from automodel_hydra.config import SweepLoader
-
 from ._compose import Split, SweepComposer, _Base, apply, freeze, thaw
+from ._load import SweepLoader
 from ._yaml import YamlDoc, to_yaml
 
 # ----------------------------------------------------------------------------------------------- jobs
