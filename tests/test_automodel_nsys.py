@@ -69,10 +69,10 @@ def test_an_automodel_recipe_on_two_ranks_gets_the_capture_range(tiny_llama_dir:
                                                    val_every_steps=100)]
     env = {**rank_env(), "PATH": f"{STANDINS}:{os.environ['PATH']}",
            "NSYS_STANDIN_LOG": str(tmp_path / "nsys-calls.jsonl")}
-    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", str(SQUAD_YAML), *overrides, "++profile.nsys.enabled=true",
-                           "++profile.nsys.start_step=2", "++profile.nsys.stop_step=3", "++interactive.nproc_per_node=2",
-                           f"hydra.run.dir={run}"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=900)
+    nsys = ["++profile.nsys.enabled=true", "++profile.nsys.start_step=2", "++profile.nsys.stop_step=3"]
+    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", str(SQUAD_YAML), *overrides, *nsys,
+                           "++interactive.nproc_per_node=2", f"hydra.run.dir={run}"], env=env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     host = socket.gethostname()
     assert sorted(p.name for p in run.glob("*.nsys-rep")) == [f"train_{host}_rank0.nsys-rep",
