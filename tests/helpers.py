@@ -70,3 +70,25 @@ def worker_pids(head: int) -> list[int]:
             if b"automodel_hydra.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
     return found
+
+
+def git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS`` with a throw-away identity; its stdout, stripped. Raises CalledProcessError."""
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def user_repo(tmp_path: Path, recipe: str, job: str, version: str = "submitted") -> Path:
+    """A user's own repo under ``tmp_path/repo``: ``my_pkg/train.py`` (``recipe`` formatted with
+    ``version="committed"``) and ``job.yaml``, one commit, then an uncommitted edit of the recipe to ``version``
+    (the tree is dirty)."""
+    repo = tmp_path / "repo"
+    (repo / "my_pkg").mkdir(parents=True)
+    (repo / "my_pkg" / "__init__.py").write_text("")
+    (repo / "my_pkg" / "train.py").write_text(recipe.format(version="committed"))
+    (repo / "job.yaml").write_text(job)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "recipe")
+    (repo / "my_pkg" / "train.py").write_text(recipe.format(version=version))
+    return repo

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, user_repo
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -36,21 +36,8 @@ slurm:
 """
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-                   check=True, capture_output=True)
-
-
 def test_held_sweep_runs_the_submitted_recipe_not_the_edited_one(slurm_cluster, tmp_path: Path) -> None:
-    repo = tmp_path / "repo"  # the user's own repo: a recipe module, a job file, one commit and an uncommitted edit
-    (repo / "my_pkg").mkdir(parents=True)
-    (repo / "my_pkg" / "__init__.py").write_text("")
-    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="committed"))
-    (repo / "job.yaml").write_text(JOB)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "recipe")
-    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="submitted"))  # dirty: not committed
+    repo = user_repo(tmp_path, RECIPE, JOB)  # the user's own repo: one commit and an uncommitted edit
     sweep = tmp_path / "S"
     env = {**os.environ, "PYTHONPATH": str(repo)}  # the recipe imports here, as a user's checkout would
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(repo), "--config-name", "job",

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests import helpers
+from tests.helpers import ROOT, git
 
 pytestmark = [pytest.mark.slurm]
 
@@ -44,23 +45,9 @@ slurm:
 """
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
-
-
 def user_repo(tmp_path: Path, version: str = "submitted") -> Path:
     """The user's own repo: a recipe module and a job file, one commit, then an uncommitted edit."""
-    repo = tmp_path / "repo"
-    (repo / "my_pkg").mkdir(parents=True)
-    (repo / "my_pkg" / "__init__.py").write_text("")
-    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version="committed"))
-    (repo / "job.yaml").write_text(JOB)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "recipe")
-    (repo / "my_pkg" / "train.py").write_text(RECIPE.format(version=version))
-    return repo
+    return helpers.user_repo(tmp_path, RECIPE, JOB, version)
 
 
 def local_env(tmp_path: Path) -> dict[str, str]:
