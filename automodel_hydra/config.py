@@ -242,7 +242,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.slurm is not None and self.skypilot is not None:
             raise ConfigError("slurm/skypilot", "both set", "a config routes to one launcher: keep either the "
-                              "slurm: or the skypilot: section (or choose launcher=slurm|skypilot|interactive)")
+                              "slurm: or the skypilot: section (on the command line: slurm=null or skypilot=null)")
         if self.slurm is not None and self.slurm.nsys_enabled:
             self.profile.nsys.enabled = True
         if self.fault_tolerance.enabled and self.interactive.max_restarts not in (0, self.fault_tolerance.max_restarts):

@@ -58,6 +58,8 @@ def _cases() -> list[Case]:
              "slurm.extra_mounts[0].source", expect=MISSING),
         Case("launcher-field-unset-variable", ("launcher=slurm", "slurm.hf_home=${AUTOMODEL_TEST_UNSET_VARIABLE}/hub"),
              "slurm.hf_home", expect="${AUTOMODEL_TEST_UNSET_VARIABLE}, which is not set"),
+        Case("token-field-unset", ("launcher=slurm", "++slurm.hf_token=${AUTOMODEL_TEST_UNSET_VARIABLE}"),
+             "slurm.hf_token refers to", expect="${AUTOMODEL_TEST_UNSET_VARIABLE}, which is not set"),
         Case("env-var-reference-unset", ("launcher=slurm", "++slurm.env_vars.TOKEN=${AUTOMODEL_TEST_UNSET_VARIABLE}"),
              "slurm.env_vars.TOKEN", expect="AUTOMODEL_TEST_UNSET_VARIABLE"),
         Case("mount-source-relative", ("launcher=slurm", "slurm.extra_mounts=[{source:data,dest:/data}]"),

@@ -83,6 +83,14 @@ def test_pyxis_flags_the_fields_own_and_an_unreadable_mount_are_refused_at_plan_
         plan_job(tmp_path, monkeypatch, "slurm.snapshot=none")
 
 
+@pytest.mark.parametrize("image", ["", " ", "${AUTOMODEL_TEST_UNSET_IMAGE:-}"])
+def test_a_blank_image_is_refused_not_planned_as_bare_metal_in_a_container_prologue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image: str) -> None:
+    """An image that is empty (``${IMG:-}`` with IMG unset) is neither a container job nor bare metal: one line."""
+    with pytest.raises(ConfigError, match=r"^slurm.container_image='\s*' is invalid: an image"):
+        plan_job(tmp_path, monkeypatch, f"slurm.container_image='{image}'")
+
+
 def _exe(path: Path, text: str) -> None:
     path.write_text(textwrap.dedent(text).lstrip())
     path.chmod(path.stat().st_mode | stat.S_IXUSR)

@@ -553,8 +553,9 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                     raise ConfigError(key, source, "a path the job's user can read (it is mounted into the "
                                       "container, where the ranks read it as this user)")
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
+            fields = {n: k for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}  # HF_TOKEN -> hf_token: the key written
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
-                raise UnsetReference(f"slurm.env_vars.{entry}", var)
+                raise UnsetReference(f"slurm.{fields[entry]}" if entry in fields else f"slurm.env_vars.{entry}", var)
         remote = {endpoint: probe(endpoint) for endpoint in sorted(tunnels, key=repr)}
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         return Facts(min([*sizes, *([max_array_size()] if local or not sizes else [])]), snapshots,

@@ -251,6 +251,9 @@ class SlurmConfig:
         require(self.max_requeues >= 0, "slurm.max_requeues", self.max_requeues, "must be >= 0")
         at_least("slurm.signal_delay_s", self.signal_delay_s, 0)
         at_least("slurm.array_parallelism", self.array_parallelism)
+        require(self.container_image is None or bool(self.container_image.strip()), "slurm.container_image",
+                self.container_image, "an image (e.g. nvcr.io/nvidia/nemo:25.02, as srun --container-image takes it), "
+                "or null to run on the nodes' own system")
         from automodel_hydra.snapshot import MODES
 
         require(self.snapshot in MODES, "slurm.snapshot", self.snapshot, f"one of {', '.join(MODES)}")
