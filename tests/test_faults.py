@@ -299,7 +299,8 @@ def test_stop_signals_checkpoint_every_rank_at_one_step_and_reruns_resume(start)
     assert run.wait() == 130  # a stop, as after Ctrl-C
     last = run.output.strip().splitlines()[-1]  # one stop line: what was stopped, where the checkpoint is
     assert last.startswith("stopped: interactive job "), last
-    assert "(cancelled: ended within the 30 s grace time)" in last, last
+    # the cancel command writes how the job ended once it has; a driver that saw the end first says "(cancelled)"
+    assert re.search(r"\(cancelled(: ended within the 30 s grace time)?\)", last), last
     assert f"newest checkpoint: {run.dir}/checkpoints/step-" in last, last
     assert not [line for line in run.output.splitlines() if line.startswith("error")]
     s2 = _assert_common_checkpoint(run, [torchrun, *ranks], s1)
