@@ -387,6 +387,9 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None, 
             setup.append(f"[ -x {shlex.quote(launcher)} ] || {{ echo {shlex.quote('error: ' + line)} | tee -a "
                          f"{_sh(str(spec.log_file))} >&2; exit 1; }}")
         setup.append("# fault tolerance: in-job restarts keep the allocation, the job id and the rendezvous")
+        # ft_launcher creates its --log-dir with check-then-create (no exist_ok): two launchers on one host race
+        # to it and one dies with FileExistsError, so the dir exists before they start
+        setup.append(f"mkdir -p {_sh(str(spec.launch_dir / TORCHRUN_LOG_DIR))}")
         command = " ".join([_sh(launcher), *map(_sh, fault_tolerance.ft_args(cfg.fault_tolerance)),
                             f"--nnodes={sc.nodes}", f"--nproc-per-node={sc.ntasks_per_node}", "--rdzv-backend=c10d",
                             '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"', '--rdzv-id="${SLURM_JOB_ID}"',
