@@ -129,10 +129,9 @@ def stack_file(launch_dir: Path, rank: int, attempt: int) -> Path:
     return evidence_dir(launch_dir) / f"stack.rank{rank}.attempt{attempt}.txt"
 
 
-def this_launch(launch_dir: Path, record: tp.Mapping[str, tp.Any]) -> bool:
-    """Whether ``record`` was written by the job's current launch: its ``run_id`` is ``launch/run_id``'s (a job
-    started without a launch id, by hand, takes every record)."""
-    current = read_run_id(launch_dir)
+def this_launch(current: str | None, record: tp.Mapping[str, tp.Any]) -> bool:
+    """Whether ``record`` was written by the job's current launch: its ``run_id`` is ``current`` (``launch/run_id``'s,
+    :func:`automodel_hydra.plan.read_run_id`; a job started without a launch id, by hand, takes every record)."""
     return current is None or record.get("run_id") == current
 
 
@@ -141,13 +140,13 @@ def hangs(launch_dir: Path, attempt: int | None = None) -> list[dict[str, tp.Any
     and rank first; a record with ``resumed_at`` (a heartbeat came after all) is no hang and is left out. Within an
     attempt the ranks that were not waiting in a collective (``waiting_in`` unset) come first: the others were
     waiting for them."""
-    found = []
+    found, current = [], read_run_id(launch_dir)  # the launch id, read once
     for path in evidence_dir(launch_dir).glob("hang.rank*.attempt*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(record, dict) or record.get("resumed_at") is not None or not this_launch(launch_dir, record):
+        if not isinstance(record, dict) or record.get("resumed_at") is not None or not this_launch(current, record):
             continue
         if attempt is None or record.get("attempt") == attempt:
             found.append(record)
@@ -204,7 +203,7 @@ def attempts(launch_dir: Path) -> list[dict[str, tp.Any]]:
     """The restarted attempts of the current launch recorded so far (``attempts.jsonl``), in order; a torn line is
     skipped."""
     path = evidence_dir(launch_dir) / ATTEMPTS_FILE
-    rows = []
+    rows, current = [], read_run_id(launch_dir)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -214,7 +213,7 @@ def attempts(launch_dir: Path) -> list[dict[str, tp.Any]]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and this_launch(launch_dir, row):
+        if isinstance(row, dict) and this_launch(current, row):
             rows.append(row)
     return rows
 
