@@ -78,6 +78,19 @@ def git(repo: Path, *args: str) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
+#: A user's job file for :func:`user_repo`: ``my_pkg.train:main`` on one task of the test cluster's debug partition
+#: (append more ``slurm:`` keys indented by two spaces).
+USER_JOB = """recipe: my_pkg.train:main
+x: 0
+slurm:
+  nodes: 1
+  ntasks_per_node: 1
+  gpus_per_node: 0
+  partition: debug
+  time: "00:10:00"
+"""
+
+
 def user_repo(tmp_path: Path, recipe: str, job: str, version: str = "submitted") -> Path:
     """A user's own repo under ``tmp_path/repo``: ``my_pkg/train.py`` (``recipe`` formatted with
     ``version="committed"``) and ``job.yaml``, one commit, then an uncommitted edit of the recipe to ``version``

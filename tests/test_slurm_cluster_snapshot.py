@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, user_repo
+from tests.helpers import ROOT, USER_JOB, user_repo
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -23,15 +23,7 @@ def main(cfg, dist, should_stop):
     return {{"loss": 0.0, "version": VERSION, "x": cfg.x}}
 '''
 
-JOB = """recipe: my_pkg.train:main
-x: 0
-slurm:
-  nodes: 1
-  ntasks_per_node: 1
-  gpus_per_node: 0
-  partition: debug
-  time: "00:10:00"
-  detach: true
+JOB = USER_JOB + """  detach: true
   sbatch_args: {hold: null}
 """
 

@@ -34,15 +34,7 @@ def main(cfg, dist, should_stop):
              "nodes": dist.env.num_nodes}}
 '''
 
-JOB = """recipe: my_pkg.train:main
-x: 0
-slurm:
-  nodes: 1
-  ntasks_per_node: 1
-  gpus_per_node: 0
-  partition: debug
-  time: "00:10:00"
-"""
+JOB = helpers.USER_JOB
 
 
 def user_repo(tmp_path: Path, version: str = "submitted") -> Path:
