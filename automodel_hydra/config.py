@@ -461,6 +461,11 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
         elif isinstance(data.get("slurm"), dict) and kind == "callable":  # named after the user's function
             data["slurm"] = {"job_name": recipes.recipe_target(data["recipe"]), **data["slurm"]}
         sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe" or k in BUNDLED_KEYS}
+        if kind == "automodel":  # the resume keys' meaning for AutoModel's recipe (automodel_resume), one line
+            from automodel_hydra import automodel_resume
+
+            for problem in automodel_resume.problems(sections):
+                raise problem
         data = {k: v for k, v in data.items() if k in LAUNCH_KEYS and k not in BUNDLED_KEYS}
         data["recipe_sections"] = _escape(sections)
     else:
@@ -498,9 +503,17 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
 
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     """Paths the ranks will read, checked on the submitting host (the same filesystem for local and bare-metal
-    Slurm jobs): ``data.path``, ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet)."""
+    Slurm jobs): ``data.path``, ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet); for an
+    AutoModel recipe its resume keys instead (:func:`automodel_hydra.automodel_resume.host_problems`), for a
+    function recipe nothing (its sections are its own)."""
     from automodel_hydra.paths import pointer_dir
 
+    if cfg.automodel:  # its resume keys, in AutoModel's layout; the bundled recipe's keys are not its
+        from automodel_hydra import automodel_resume
+
+        return automodel_resume.host_problems(cfg.recipe_sections)
+    if not cfg.bundled:
+        return []
     problems = []
     if cfg.data.source != "pydoc" and cfg.data.path and not Path(cfg.data.path).is_file():
         problems.append(ConfigError("data.path", cfg.data.path, "an existing file"))

@@ -47,6 +47,38 @@ def test_automodel_yaml_runs_unchanged_through_our_launcher_and_resumes(tiny_lla
     assert [r["step"] for r in rows][-2:] == [4, 5]  # steps 0..3, then 4..5: every step once
 
 
+def train_steps(ckpt: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (ckpt / "training.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_top_level_restore_from_d_latest_resumes_the_newest_checkpoint_of_d_then_the_jobs_own(
+        tiny_llama_dir: Path, squad_dir: Path, tmp_path: Path) -> None:
+    """The spot-resume key ``restore_from: {path: D/latest}`` with AutoModel's recipe and its own layout: a new job
+    with its own (empty) checkpoint dir starts from D's newest complete checkpoint (AutoModel alone ignores the
+    key and starts at step 0); once the job has a checkpoint of its own, the same command (a recovery) continues
+    from that one, not from D's again."""
+    d = tmp_path / "ckptA"
+    first = launch(tmp_path / "R1", cpu_overrides(tiny_llama_dir, squad_dir, d, max_steps=4, ckpt_every_steps=2))
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert sorted(p.name for p in d.glob("epoch_*")) == ["epoch_0_step_1", "epoch_0_step_3"]
+
+    own = tmp_path / "ckptB"
+    resume = [f"restore_from.path={d}/latest"]
+    second = launch(tmp_path / "R2", [*cpu_overrides(tiny_llama_dir, squad_dir, own, max_steps=6,
+                                                     ckpt_every_steps=2), *resume])
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert f"Loading checkpoint from {d / 'epoch_0_step_3'}" in second.stdout, second.stdout[-4000:]
+    assert f"restore_from.path='{d}/latest': resuming from {d / 'epoch_0_step_3'}" in second.stdout
+    assert train_steps(own) == [4, 5]  # resumed from step 4 (old main: [0, ..., 5])
+
+    third = launch(tmp_path / "R2", [*cpu_overrides(tiny_llama_dir, squad_dir, own, max_steps=8,
+                                                    ckpt_every_steps=2), *resume])
+    assert third.returncode == 0, third.stdout[-4000:]
+    assert f"Loading checkpoint from {own / 'epoch_0_step_5'}" in third.stdout, third.stdout[-4000:]
+    assert train_steps(own) == [4, 5, 6, 7]
+    assert sorted(p.name for p in d.glob("epoch_*")) == ["epoch_0_step_1", "epoch_0_step_3"]  # D untouched
+
+
 SLURM_SECTION = """
 slurm:
   job_name: squad_ft

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from automodel_hydra import fault_tolerance
+from automodel_hydra import automodel_resume, fault_tolerance
 from automodel_hydra.backends.skypilot_config import CANNOT_STOP as CANNOT_STOP
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS as SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig as SkyPilotConfig
@@ -249,6 +249,9 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
         node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
         if cfg.restore_from.path is not None and _is_mount_pointer(cfg.restore_from.path, sc):
             node["restore_from"]["path"] = "latest"  # <mount>/latest: the job's own checkpoints in its bucket
+    elif cfg.automodel and automodel_resume.is_mount_pointer(
+            str((cfg.recipe_sections.get("restore_from") or {}).get("path")), sc.checkpoint_mount):
+        node["restore_from"] = {"path": "latest"}  # the same for an AutoModel recipe (its ranks: automodel_resume)
     if cfg.data.source == "file" and cfg.data.path:  # the local text file travels with the job
         file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
         node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
@@ -343,6 +346,10 @@ def _check(cfg: TrainConfig) -> None:
     assert sc is not None
     if not cfg.bundled:  # another recipe's sections are its own: it resumes as it does (AutoModel: from LATEST)
         node = cfg.recipe_sections.get("checkpoint")
+        if cfg.automodel:  # its resume keys: only the job's own checkpoints are on the nodes (automodel_resume)
+            for problem in automodel_resume.skypilot_problems(cfg.recipe_sections, sc.checkpoint_mount,
+                                                               sc.use_spot):
+                raise problem
         if sc.use_spot and cfg.automodel and isinstance(node, dict):
             if node.get("enabled") is False:
                 raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job "

@@ -35,6 +35,7 @@ import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
 
+from automodel_hydra import automodel_resume
 from automodel_hydra.automodel_files import split_sections
 
 if tp.TYPE_CHECKING:
@@ -53,7 +54,7 @@ def recipe_sections(cfg: Mapping[str, tp.Any]) -> dict[str, tp.Any]:
 
 #: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``,
 #: ``nemo_automodel/components/checkpoint/config.py``; its recipe then checkpoints there, relative to the cwd).
-DEFAULT_CHECKPOINT_DIR = "checkpoints/"
+DEFAULT_CHECKPOINT_DIR = automodel_resume.DEFAULT_CHECKPOINT_DIR
 
 
 def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
@@ -122,7 +123,7 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
 
     Raises RecipeSectionError (one line naming the key and this host) when a section does not load here, e.g. a
     ``_target_`` this rank's environment cannot import; whatever the recipe raises."""
-    node = build_config(checked_here(recipe_sections(cfg), dist))
+    node = build_config(checked_here(with_resume(recipe_sections(cfg), dist), dist))
     _log_superseded_dist_env(node, dist)
     with _keep_logging():
         recipe = recipe_cls(node)
@@ -136,6 +137,38 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
         finally:
             _release_signal_handler(sched)  # the worker's own handlers come back
         return _result(recipe, dist, stopped=bool(sched.sigterm_flag))
+
+
+def with_resume(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.Any]:
+    """``sections`` with the job's ``restore_from.path`` turned into the ``checkpoint.restore_from`` AutoModel's
+    recipe honours (:func:`automodel_hydra.automodel_resume.resolve`: the newest complete checkpoint is looked up
+    now, with AutoModel's ``find_latest_checkpoint``, on rank 0; every rank gets rank 0's answer), and the one line
+    that says what is resumed logged on rank 0. A copy; unchanged when ``restore_from.path`` is not set (AutoModel's
+    own key and default keep their meaning). Call it after the written dirs were made absolute."""
+    import torch.distributed as td
+
+    resolved: tuple[str | None, str] | None = None
+    group = td.is_available() and td.is_initialized() and td.get_world_size() > 1
+    if dist.rank == 0 or not group:
+        from nemo_automodel.components.checkpoint.utils import find_latest_checkpoint
+
+        resolved = automodel_resume.resolve(sections, find_latest_checkpoint)
+    if group:
+        box = [resolved]
+        td.broadcast_object_list(box, src=0)
+        resolved = box[0]
+    if resolved is None:
+        return sections
+    value, line = resolved
+    if dist.rank == 0:
+        log.info("%s", line)
+    out = copy.deepcopy(sections)
+    out.pop("restore_from", None)  # this project's key, consumed here: AutoModel reads checkpoint.restore_from
+    ckpt = out["checkpoint"] = dict(out.get("checkpoint") or {})
+    ckpt.pop("restore_from", None)
+    if value is not None:
+        ckpt["restore_from"] = value
+    return out
 
 
 def checked_here(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.Any]:
