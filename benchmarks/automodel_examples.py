@@ -45,7 +45,9 @@ Method
    fork-server: each case still runs in its own process, from the same entry point as the console script, minus
    the ``exec``); ``--exec`` runs the installed console script instead (slower: every case re-imports torch and
    AutoModel). At most ``--workers`` children run at once (default 2).
-6. **Classes.** ``plans``: exit 0 and the dry run's ``dry run:`` line. ``crash``: a Python traceback or the
+6. **Classes.** ``plans``: exit 0 and the dry run's ``dry run:`` line. ``needs-gpu``: the same, plus the dry run's
+   warning that the AutoModel recipe needs a GPU host (torchrun here, no CUDA in this environment: a real run is
+   refused with that line); the tables count it among the plans and note how many. ``crash``: a Python traceback or the
    driver's "unexpected error ... a bug" line (a bug of ours or of a library: each is listed with its file).
    ``timeout``: past ``--timeout``. ``refused``: any other exit, with its one line (the last ``error:`` line, or
    the last line printed). Refusals are grouped by their first ``--words`` words after paths, numbers and quoted
@@ -145,6 +147,9 @@ GAPS: tuple[tuple[str, str], ...] = (
 #: The driver's line for an exception that is not the user's mistake (``driver.BUG_LINE``).
 BUG_MARK = "an unexpected error, not a mistake in the config"
 TRACEBACK = "Traceback (most recent call last)"
+#: In the dry run's warning for an AutoModel recipe planned for torchrun on a host without CUDA
+#: (``automodel_hydra.recipes.automodel.NEEDS_GPU_HOST``; a real run is refused with it).
+NEEDS_GPU_HOST = "needs a GPU host"
 
 
 @dataclasses.dataclass
@@ -422,7 +427,7 @@ def run_all(todo: list[Case], work: Path, workers: int, timeout: float, exec_mod
         code = os.waitstatus_to_exitcode(status)
         if case.cls != "timeout":
             case.cls, case.reason = classify(code, Path(case.log).read_text(errors="replace"))
-        if case.cls == "plans":
+        if case.cls in PLANNED:
             case.altered = alterations(case, cwd, model)
         if not keep:
             shutil.rmtree(cwd, ignore_errors=True)
@@ -434,13 +439,18 @@ def run_all(todo: list[Case], work: Path, workers: int, timeout: float, exec_mod
 # ----------------------------------------------------------------------------------------------- classes
 
 
+#: The classes that planned (the tables' ``plans/files`` count both).
+PLANNED = ("plans", "needs-gpu")
+
+
 def classify(code: int, output: str) -> tuple[str, str]:
     """``(class, reason)`` of a finished case from its exit status and output (module docstring, step 6)."""
     lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
     if TRACEBACK in output or BUG_MARK in output:
         return "crash", crash_line(lines)
     if code == 0 and any(ln.startswith("dry run") or "dry run:" in ln for ln in lines):
-        return "plans", ""
+        gpu = next((ln for ln in lines if NEEDS_GPU_HOST in ln), None)
+        return ("needs-gpu", gpu.split("] - ", 1)[-1]) if gpu else ("plans", "")
     errors = [ln for ln in lines if ln.startswith("error: ")]
     if errors:
         return "refused", errors[-1][len("error: "):]
@@ -547,8 +557,9 @@ def report(all_cases: list[Case], variants: tp.Sequence[str], trees: dict[str, s
             row = [g, str(len({c.rel for c in sel}))]
             for v in variants:
                 vs = [c for c in sel if c.variant == v]
-                n = sum(c.cls == "plans" for c in vs)
-                notes = [f"{k} {w}" for k, w in ((sum(c.cls == "crash" for c in vs), "crash"),
+                n = sum(c.cls in PLANNED for c in vs)
+                notes = [f"{k} {w}" for k, w in ((sum(c.cls == "needs-gpu" for c in vs), "need a GPU host"),
+                                                 (sum(c.cls == "crash" for c in vs), "crash"),
                                                  (sum(bool(c.altered) for c in vs), "altered")) if k]
                 row.append(f"{n}/{len(vs)}" + (f" ({', '.join(notes)})" if notes else ""))
             rows.append(row)
@@ -557,8 +568,9 @@ def report(all_cases: list[Case], variants: tp.Sequence[str], trees: dict[str, s
             vs = [c for c in mine if c.variant == v]
             counts = collections.Counter(c.cls for c in vs)
             out.append(f"\n### {tree} / {v}: " + ", ".join(f"{k} {counts[k]}" for k in
-                                                          ("plans", "refused", "crash", "timeout") if counts[k]))
-            bad = [c for c in vs if c.cls != "plans"]
+                                                          ("plans", "needs-gpu", "refused", "crash", "timeout")
+                                                          if counts[k]))
+            bad = [c for c in vs if c.cls not in PLANNED]
             by = collections.defaultdict(list)
             for c in bad:
                 by[(c.cls, generic(c.reason, words))].append(c)

@@ -437,6 +437,22 @@ def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[
                                   f"(job dir {plan.job.job_dir}){tail}")
 
 
+def automodel_cuda_problem(cfg: TrainConfig) -> str | None:
+    """For an AutoModel recipe whose ranks would be this host's processes: why its CUDA calls cannot run here
+    (:func:`automodel_hydra.recipes.automodel.cuda_problem`), else None. The recipe was resolved already (the
+    driver's ``check_recipe``); one that does not resolve is that check's line, not this one's."""
+    if not cfg.automodel:
+        return None
+    from automodel_hydra import recipes
+    from automodel_hydra.recipes import automodel
+
+    try:
+        recipe = recipes.resolve(cfg.recipe)
+    except recipes.RecipeError:
+        return None
+    return automodel.cuda_problem(recipe.obj, recipe.target.rpartition(".")[2])
+
+
 class Interactive(Backend[Request, LocalRef, Devices]):
     """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
@@ -453,6 +469,14 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         for cfg in cfgs:  # the ranks run here: every path they read or write can be checked now
             for problem in [*host_problems(cfg), *write_problems(cfg)]:
                 raise problem
+        warned: set[str] = set()
+        for cfg in cfgs:  # an AutoModel recipe's CUDA calls, asked here where its ranks will run
+            line = automodel_cuda_problem(cfg)
+            if line is not None and not cfg.dry_run:
+                raise PreflightError(line)
+            if line is not None and line not in warned:
+                warned.add(line)
+                log.warning("%s (dry run: planned anyway)", line)
         ft_launcher = None
         if any(cfg.fault_tolerance.enabled for cfg in cfgs):
             ft_launcher = find_ft_launcher()

@@ -89,6 +89,49 @@ def with_stop_signals(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     return out
 
 
+#: In the line :func:`cuda_problem` returns: what the benchmark of AutoModel's examples counts as "plans, but needs
+#: a GPU host" (benchmarks/automodel_examples.py).
+NEEDS_GPU_HOST = "needs a GPU host"
+
+
+def cuda_problem(recipe_cls: type, name: str) -> str | None:
+    """Why AutoModel recipe class ``recipe_cls`` (``recipe=name``) cannot run in this environment, as one line; None
+    when it can or this cannot tell.
+
+    AutoModel 0.7.0's training recipes call CUDA with no config switch around it: ``setup()`` calls
+    ``torch.cuda.reset_peak_memory_stats()`` (``recipes/llm/train_ft.py`` and nine other recipe modules), which a
+    CPU build of torch cannot run (``torch._C`` has no ``_cuda_resetPeakMemoryStats``: AttributeError), nor a CUDA
+    build without a usable GPU (RuntimeError). So, in a process that has imported the recipe's module (as the
+    ranks do, in the same environment when they are this host's torchrun workers), with no CUDA device visible
+    (``torch.cuda.is_available()`` false), this asks the ranks' own question: it makes that call. A recipe class
+    that is not AutoModel's nor derived from one is not asked about. Whatever makes the call work on the ranks
+    makes it work here too (a runtime shim on ``PYTHONPATH``, as the tests' named CPU stand-in); docs/automodel.md
+    has the design."""
+    import inspect
+
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if not any(c.__module__.startswith("nemo_automodel.recipes.") for c in inspect.getmro(recipe_cls)):
+        return None
+    try:
+        torch.cuda.reset_peak_memory_stats()
+    except Exception as e:  # any failure of the call is the ranks' failure
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    else:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        am = f"NeMo AutoModel {version('nemo-automodel')}"
+    except PackageNotFoundError:
+        am = "NeMo AutoModel"
+    return (f"recipe={name} {NEEDS_GPU_HOST}: {am}'s recipe calls torch.cuda.reset_peak_memory_stats() in "
+            f"setup(), unconditionally, and torch {torch.__version__} here has no CUDA ({why}), so every rank "
+            "would fail there; run it on a GPU host, or with launcher=slurm or launcher=skypilot")
+
+
 def build_config(sections: Mapping[str, tp.Any]) -> tp.Any:
     """AutoModel's config object (``ConfigNode``) for the recipe sections, as its CLI builds it: loaded by
     ``ConfigNode`` (``_target_`` imported, ``${VAR}`` expanded from this process's environment), then the
