@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from automodel_hydra import automodel_resume, config
-from automodel_hydra.backends import skypilot
+from automodel_hydra.backends import skypilot, slurm
 from automodel_hydra.backends.interactive import Interactive
 from automodel_hydra.plan import JobSpec
 from automodel_hydra.schema import ConfigError
@@ -110,6 +110,10 @@ def test_where_the_ranks_see_this_machine_a_missing_or_foreign_checkpoint_is_one
             assert why in str(problem) and "\n" not in str(problem)
             with pytest.raises(ConfigError, match=why):
                 Interactive().preflight([cfg])
+            on_slurm = config.load({**sections, "output_dir": str(tmp_path / "out"),
+                                    "slurm": {"job_name": "squad_ft", "time": "00:10:00"}})
+            with pytest.raises(ConfigError, match=why):  # bare metal: the nodes see this filesystem
+                slurm.Slurm().preflight([on_slurm])
     for fine in (f"{d}/latest", f"{d}/LATEST", str(d / "epoch_0_step_1"), f"{tmp_path}/not-yet/latest", "latest"):
         assert config.host_problems(config.load({**squad(restore_from={"path": fine}), "output_dir": "/o"})) == []
     assert config.host_problems(config.load({**squad(checkpoint={"restore_from": "epoch_0_step_9"}),
