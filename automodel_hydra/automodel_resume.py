@@ -137,7 +137,7 @@ def host_problems(sections: tp.Mapping[str, tp.Any]) -> list[ConfigError]:
         return []
     if req.key == _AM_KEY and "/" not in req.value:
         return []
-    source = pointer_source(req.value)
+    source = pointer_source(req.value) if req.key == _KEY else None  # AutoModel's key: D/LATEST is a path
     if source is not None:
         d = Path(source)
         if d.exists() and not d.is_dir():
@@ -165,7 +165,7 @@ def skypilot_problems(sections: tp.Mapping[str, tp.Any], mount: str, use_spot: b
         req = requested(sections)
     except ConfigError:
         return []
-    if req is None or _is_pointer_name(req.value) or is_mount_pointer(req.value, mount):
+    if req is None or _is_pointer_name(req.value) or req.key == _KEY and is_mount_pointer(req.value, mount):
         return []
     mine = (f"'latest' or '{mount.rstrip('/')}/{POINTER}' (both: this job's newest checkpoint, in its bucket) or "
             "unset")
@@ -174,6 +174,10 @@ def skypilot_problems(sections: tp.Mapping[str, tp.Any], mount: str, use_spot: b
     if req.key == _AM_KEY and "/" not in req.value:
         return [ConfigError(req.key, req.value, f"LATEST or unset with skypilot.use_spot=true: a recovered job "
                             f"continues from its own newest checkpoint, not from {req.value} again")]
+    if req.key == _AM_KEY and is_mount_pointer(req.value, mount):  # AutoModel reads it as a path: the bucket's root
+        return [ConfigError(req.key, req.value, f"LATEST (AutoModel's name for this job's newest checkpoint), or "
+                            f"restore_from.path: {req.value}: in checkpoint.restore_from AutoModel reads a path, "
+                            "and the bucket's root holds no checkpoint of this job")]
     return [ConfigError(req.key, req.value, f"{mine} on SkyPilot: a local checkpoint path does not exist on the "
                         "nodes; put it in the bucket and use skypilot.run_name to resume from it")]
 

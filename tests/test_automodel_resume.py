@@ -54,9 +54,10 @@ def test_skypilot_spot_resume_key_means_the_jobs_own_newest_checkpoint_on_the_no
     (squad(checkpoint={"restore_from": "/elsewhere/epoch_0_step_5"}), True, {}, "checkpoint.restore_from"),
     (squad(checkpoint={"restore_from": "/elsewhere/epoch_0_step_5"}), False, {}, "checkpoint.restore_from"),
     (squad(checkpoint={"restore_from": "epoch_0_step_5"}), True, {}, "checkpoint.restore_from"),
+    (squad(checkpoint={"restore_from": "/checkpoints/LATEST"}), True, {}, "checkpoint.restore_from"),
     (squad(restore_from={"path": "/elsewhere/latest"}), True, {}, "restore_from.path"),
     (squad(restore_from={"path": "/checkpoints/latest"}), True, {"checkpoint_mount": "/ckpt"}, "restore_from.path"),
-], ids=["abs-spot", "abs-ondemand", "name-spot", "other-dir-latest", "other-mount"])
+], ids=["abs-spot", "abs-ondemand", "name-spot", "am-key-mount-pointer", "other-dir-latest", "other-mount"])
 def test_skypilot_refuses_a_resume_key_the_nodes_cannot_honour(sections: dict[str, tp.Any], spot: bool,
                                                                block: dict[str, tp.Any], key: str) -> None:
     """A local path is not on the nodes; on spot, a fixed checkpoint would be loaded again on every recovery. One
@@ -118,6 +119,12 @@ def test_where_the_ranks_see_this_machine_a_missing_or_foreign_checkpoint_is_one
         assert config.host_problems(config.load({**squad(restore_from={"path": fine}), "output_dir": "/o"})) == []
     assert config.host_problems(config.load({**squad(checkpoint={"restore_from": "epoch_0_step_9"}),
                                              "output_dir": "/o"})) == []  # AutoModel's name in its own dir
+    # AutoModel's key reads D/LATEST as a path (its symlink): there, or not there yet (AutoModel would fail)
+    assert config.host_problems(config.load({**squad(checkpoint={"restore_from": f"{d}/LATEST"}),
+                                             "output_dir": "/o"})) == []
+    (missing,) = config.host_problems(config.load({**squad(checkpoint={"restore_from": f"{tmp_path}/e/LATEST"}),
+                                                   "output_dir": "/o"}))
+    assert missing.key == "checkpoint.restore_from" and "no such directory" in str(missing)
 
 
 def test_rank0_resolves_d_latest_own_checkpoints_first_in_automodels_layout(tmp_path: Path) -> None:
