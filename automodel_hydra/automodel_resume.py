@@ -45,7 +45,8 @@ from automodel_hydra.schema import ConfigError
 AUTOMODEL_POINTER = "LATEST"
 #: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``).
 DEFAULT_CHECKPOINT_DIR = "checkpoints/"
-_KEY, _AM_KEY = "restore_from.path", "checkpoint.restore_from"
+#: This project's resume key, and AutoModel's.
+KEY, _AM_KEY = "restore_from.path", "checkpoint.restore_from"
 _VALID = ("'latest' (the newest checkpoint in checkpoint.checkpoint_dir), D/latest (the job's own newest, else "
           "checkpoint dir D's), or an epoch_E_step_N checkpoint dir")
 
@@ -87,15 +88,15 @@ def requested(sections: tp.Mapping[str, tp.Any]) -> Requested | None:
         raise ConfigError("restore_from", top, "a mapping with one key, path: " + _VALID)
     path = top["path"]
     if path is None:
-        raise ConfigError(_KEY, None, "AutoModel's recipe resumes from the newest checkpoint in "
+        raise ConfigError(KEY, None, "AutoModel's recipe resumes from the newest checkpoint in "
                           "checkpoint.checkpoint_dir whenever it has one, so null cannot mean a fresh start: give a "
                           "new checkpoint.checkpoint_dir for one; or " + _VALID)
     if not isinstance(path, str) or not path:
-        raise ConfigError(_KEY, path, _VALID)
+        raise ConfigError(KEY, path, _VALID)
     if am is not None and str(am) != path:
-        raise ConfigError(_AM_KEY, am, f"{_KEY}={path!r} is set too: set one of the two ({_AM_KEY} is "
-                          f"AutoModel's key, {_KEY} this project's: {_VALID})")
-    return Requested(_KEY, path)
+        raise ConfigError(_AM_KEY, am, f"{KEY}={path!r} is set too: set one of the two ({_AM_KEY} is "
+                          f"AutoModel's key, {KEY} this project's: {_VALID})")
+    return Requested(KEY, path)
 
 
 def checkpoint_enabled(sections: tp.Mapping[str, tp.Any]) -> bool:
@@ -137,7 +138,7 @@ def host_problems(sections: tp.Mapping[str, tp.Any]) -> list[ConfigError]:
         return []
     if req.key == _AM_KEY and "/" not in req.value:
         return []
-    source = pointer_source(req.value) if req.key == _KEY else None  # AutoModel's key: D/LATEST is a path
+    source = pointer_source(req.value) if req.key == KEY else None  # AutoModel's key: D/LATEST is a path
     if source is not None:
         d = Path(source)
         if d.exists() and not d.is_dir():
@@ -165,7 +166,7 @@ def skypilot_problems(sections: tp.Mapping[str, tp.Any], mount: str, use_spot: b
         req = requested(sections)
     except ConfigError:
         return []
-    if req is None or _is_pointer_name(req.value) or req.key == _KEY and is_mount_pointer(req.value, mount):
+    if req is None or _is_pointer_name(req.value) or req.key == KEY and is_mount_pointer(req.value, mount):
         return []
     mine = (f"'latest' or '{mount.rstrip('/')}/{POINTER}' (both: this job's newest checkpoint, in its bucket) or "
             "unset")
@@ -206,11 +207,11 @@ def resolve(sections: tp.Mapping[str, tp.Any],
     ``sections``: the rank's recipe sections, written dirs already absolute. ``find_latest(dir)``: AutoModel's
     ``find_latest_checkpoint``. Relative paths are the rank's cwd's. Raises ConfigError as :func:`requested`."""
     req = requested(sections)
-    if req is None or req.key != _KEY:
+    if req is None or req.key != KEY:
         return None
     own = checkpoint_dir(sections)
     path = req.value
-    head = f"{_KEY}={path!r}"
+    head = f"{KEY}={path!r}"
     if _is_pointer_name(path):
         found = find_latest(own)
         return (os.fspath(found), f"{head}: resuming from {found}, the newest complete checkpoint in {own}") \

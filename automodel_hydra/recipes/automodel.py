@@ -190,6 +190,9 @@ def with_resume(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.
     own key and default keep their meaning). Call it after the written dirs were made absolute."""
     import torch.distributed as td
 
+    wanted = automodel_resume.requested(sections)
+    if wanted is None or wanted.key != automodel_resume.KEY:  # the same on every rank: nothing to agree on
+        return sections
     resolved: tuple[str | None, str] | None = None
     group = td.is_available() and td.is_initialized() and td.get_world_size() > 1
     if dist.rank == 0 or not group:
