@@ -35,6 +35,18 @@ LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "
 MODEL_KEY = "pretrained_model_name_or_path"
 
 
+#: Leaf keys of a dataset section (:func:`read_path_values`) whose value AutoModel 0.7.0's dataset builders load
+#: as a Hub dataset id or a local file or dir (``nemo_automodel/components/datasets``): ``path_or_dataset``
+#: (``load_dataset(path_or_dataset)``: the VLM, audio and HellaSwag builders), ``path_or_dataset_id`` (the
+#: column-mapped and chat datasets: a Hub id unless the path exists, else local JSON/JSONL files, a parquet file
+#: or dir), ``dataset_name`` (SQuAD, seq2seq, xLAM, agent chat: ``load_dataset``), ``path`` (agent chat's JSON
+#: files, the retrieval datasets), ``data_path`` / ``dataset_path`` / ``data_dir_list`` / ``jsonl_path_list``
+#: (EAGLE-3, retrieval, Megatron GPT, multimodal files). Megatron's ``paths`` are file prefixes, not paths, and
+#: are not among them.
+DATASET_PATH_KEYS = ("path_or_dataset", "path_or_dataset_id", "dataset_name", "path", "data_path", "dataset_path",
+                     "data_dir_list", "jsonl_path_list")
+
+
 class RecipeSectionError(UserError, ValueError):
     """A recipe section AutoModel's loader refuses. ``key`` is the dotted key, the message one line."""
 
@@ -187,6 +199,57 @@ def model_names(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, str]]:
 
     walk("", recipe_sections)
     return found
+
+
+def read_path_values(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, str]]:
+    """``(dotted key, value)`` of every value in a recipe's sections that a rank reads as a Hub id or a local path,
+    in order: every :data:`MODEL_KEY` (the model, ``model.config``, ``tokenizer``, ``processor``, ``teacher_model``,
+    a dataset's tokenizer), and every :data:`DATASET_PATH_KEYS` leaf of a dataset section (a top-level section
+    whose name ends in ``dataset``: AutoModel's ``dataset`` and ``validation_dataset``). A list of strings gives
+    ``key.0``, ``key.1`` ... Left out: values with ``$`` (a rank expands them where it runs, to what they mean
+    there) and sections whose name starts with ``_`` (AutoModel's files switch a section off so). Which values
+    are local paths is :func:`path_form` and, for the rest, whether they exist."""
+    found: list[tuple[str, str]] = []
+
+    def leaf(key: str, value: tp.Any) -> None:
+        values = [(key, value)] if isinstance(value, str) else \
+            [(f"{key}.{i}", v) for i, v in enumerate(value) if isinstance(v, str)] if isinstance(value, list) else []
+        found.extend((k, v) for k, v in values if v.strip() and "$" not in v)
+
+    def walk(key: str, value: tp.Any, dataset: bool) -> None:
+        if isinstance(value, Mapping):
+            for k, v in _items(value):
+                sub = f"{key}.{k}"
+                if k == MODEL_KEY or dataset and k in DATASET_PATH_KEYS:
+                    leaf(sub, v)
+                else:
+                    walk(sub, v, dataset)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(f"{key}.{i}", v, dataset)
+
+    for name, section in _items(recipe_sections):
+        name = str(name)
+        if not name.startswith("_"):
+            walk(name, section, name.endswith("dataset"))
+    return found
+
+
+def path_form(value: str) -> tp.Literal["absolute", "home", "relative"] | None:
+    """What ``value`` is by its form alone: ``absolute`` (``/...``), ``home`` (``~...``: the home of whoever
+    reads it), ``relative`` (``.``, ``./...``, ``../...``, or more ``/`` than a Hub id has), else None: a
+    URL (``hf://``, ``s3://``) or what may be a Hub id (``name`` or ``org/name``, huggingface_hub's form), which is
+    a local path only if it exists where it is read (transformers' ``from_pretrained`` and AutoModel's
+    ``_str_is_hf_repo_id`` both look for the path first). Pure: reads no filesystem."""
+    if "://" in value:
+        return None
+    if value.startswith("/"):
+        return "absolute"
+    if value.startswith("~"):
+        return "home"
+    if value in (".", "..") or value.startswith(("./", "../")) or value.count("/") > 1:
+        return "relative"
+    return None
 
 
 def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool | None = None,

@@ -17,6 +17,13 @@ The rule (docs/architecture.md, "Paths a job writes"):
   that two points share is refused before anything is written or submitted, in one line naming the key, the path
   and the jobs (:func:`refuse_shared`); also against the jobs an earlier launch of the same sweep recorded in its
   manifest (a sweeper that launches in batches).
+* **The local paths a job reads reach its ranks, or the job is refused before anything starts**
+  (:func:`local_reads`): where the ranks do not see this machine's filesystem (SkyPilot nodes, a Slurm container),
+  every model dir, tokenizer, teacher and dataset file or dir the ranks will read (:func:`read_paths`) must be an
+  absolute path that exists here; the backend ships it to the same path (a SkyPilot file mount, a container
+  mount), so the recipe's sections reach the ranks unchanged. A relative or ``~`` path (it would mean another
+  dir there) and a path that does not exist here are one line naming the key, the value and what to write. A Hub
+  id is not a path and is left alone.
 * **Unwritable dirs are found before any rank starts** (:func:`write_problems`), where this machine can know:
   the job dir always (the launch writes ``launch/`` there and reads ``result.json`` back from it, so it is on a
   filesystem this machine shares with the ranks), and every other written dir on the interactive launcher and
@@ -175,3 +182,71 @@ def write_problems(cfg: TrainConfig, job_dir: Path | None = None, everywhere: bo
             problems.append(ConfigError(name, str(path), f"the job could not write there: {why}; valid: a dir "
                                         "this user can create or write"))
     return problems
+
+
+def read_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """``(key, value)`` of every Hub id or local path the job's ranks read, as written: for the bundled recipe its
+    ``data.path`` (``data.source`` file or jsonl) and ``model.name_or_path``; for another recipe every model and
+    dataset key of its sections (:func:`automodel_hydra.automodel_files.read_path_values`)."""
+    from automodel_hydra.automodel_files import read_path_values
+
+    if not cfg.bundled:
+        return read_path_values(cfg.recipe_sections)
+    found = [("data.path", cfg.data.path)] if cfg.data.source != "pydoc" and cfg.data.path else []
+    if cfg.model.name_or_path:
+        found.append(("model.name_or_path", cfg.model.name_or_path))
+    return [(k, v) for k, v in found if "$" not in v]
+
+
+def local_reads(cfg: TrainConfig, where: str, how: str, *, check_here: bool = True, relative_ok: bool = False,
+                inside: tp.Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """The local paths among :func:`read_paths` that must reach ranks running in ``where`` (e.g. "the SkyPilot
+    nodes"), shipped there the ``how`` way (e.g. "uploaded to ... at the same path"), as ``(key, path the ranks
+    read, source here)``: the path normalised (no trailing ``/``), the source its real path here.
+
+    A value is a local path by :func:`automodel_hydra.automodel_files.path_form`, or when it exists here (a bare
+    ``name`` / ``org/name`` that is not a dir or file here is a Hub id, as transformers and AutoModel decide).
+    ``check_here=False``: the paths are another machine's (a Slurm login node through ``slurm.tunnel``), so
+    nothing is looked up here and absolute paths are taken as they are. ``relative_ok``: a relative path is left
+    to the ranks (``slurm.chdir``: they start in a dir of the container). ``inside``: dirs that already exist where
+    the ranks run (a container mount's destination): paths under them are left alone.
+
+    Raises ConfigError, one line naming the key, the value and what to write: a relative or ``~`` path (it would
+    name another dir there: the absolute path here is given), an absolute path that does not exist here."""
+    from automodel_hydra.automodel_files import path_form
+
+    out = []
+    for key, value in read_paths(cfg):
+        form = path_form(value)
+        if form is None and check_here and os.path.exists(value):
+            form = "relative"
+        if form is None or form == "relative" and relative_ok:
+            continue
+        here = os.path.abspath(os.path.expanduser(value)) if check_here else None
+        if form != "absolute":
+            whose = ("the home of the ranks' user there" if form == "home" else
+                     "read from the ranks' own working dir there")
+            fix = ("" if here is None else f": {here}" if os.path.exists(here) else
+                   f" of a file or dir on this machine ({here} does not exist)")
+            raise ConfigError(key, value, f"an absolute path on {where} (a {form} path is {whose}, not the one it "
+                              f"names here); write the absolute path{fix}")
+        path = os.path.normpath(value)
+        if path.endswith(".parquet") and (here is None or os.path.isfile(here)):
+            # AutoModel loads a parquet file's dir (nemo_automodel/components/datasets/llm/chat_dataset.py)
+            path, here = os.path.dirname(path), here and os.path.dirname(here)
+        if any(path == d or path.startswith(d.rstrip("/") + "/") for d in inside):
+            continue
+        if here is not None and not os.path.exists(here):
+            raise ConfigError(key, value, f"a file or dir that exists on this machine (it is {how} {where} at the "
+                              "same path), or a Hub id")
+        out.append((key, path, os.path.realpath(here) if here is not None else path))
+    return out
+
+
+def outermost(paths: tp.Iterable[str]) -> list[str]:
+    """The distinct paths of ``paths`` (absolute, normalised) that are not inside another of them, sorted."""
+    kept: list[str] = []
+    for p in sorted(set(paths)):
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return kept

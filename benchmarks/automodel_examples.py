@@ -134,6 +134,8 @@ GAPS: tuple[tuple[str, str], ...] = (
     ("7 launcher=skypilot", r"Could not override 'launcher'|launcher=skypilot: no such|No match in the defaults list"
                             r"|launcher.*not in defaults|To append to your default list"),
     ("10 restore_from latest", r"restore_from|/checkpoints/latest|\blatest\b"),
+    # a local model or dataset path the nodes or the container cannot have (automodel_hydra.paths.local_reads)
+    ("correct: local path", r"is invalid: an absolute path on|is invalid: a file or dir that exists on this machine"),
     ("1 SkyPilot", r"KeyError: 'checkpoint'|skypilot|SkyPilot|sky\b|checkpoint\.dir"),
     ("2 containers", r"container_image|container image|nemo_mount|pyxis|enroot"),
     ("4 nemo_run", r"nemo_run"),

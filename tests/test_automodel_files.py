@@ -198,3 +198,29 @@ def test_online_ok(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub, "auth_check", lambda repo_id, token=None: seen.append((repo_id, token)))
     check_model_fetchable(HUB_MODEL, offline=False, token="hf_x")
     assert seen == [(HUB_MODEL, "hf_x")]
+
+
+def test_read_path_values_are_the_model_and_dataset_keys_a_rank_loads() -> None:
+    """Every ``pretrained_model_name_or_path`` and the dataset sections' path keys (lists entered), in order; not a
+    written dir, a value with ``$``, a switched-off ``_`` section or a path key outside a dataset section. The form
+    alone tells absolute, ``~`` and relative paths from what may be a Hub id or is a URL."""
+    from automodel_hydra.automodel_files import path_form, read_path_values
+
+    sections = {"model": {"pretrained_model_name_or_path": "/data/m",
+                          "config": {"pretrained_model_name_or_path": "meta-llama/Llama-3.2-1B"}},
+                "teacher_model": {"pretrained_model_name_or_path": "~/teacher"},
+                "dataset": {"path_or_dataset_id": ["/d/a.jsonl", "/d/b.jsonl"],
+                            "tokenizer": {"pretrained_model_name_or_path": "./tok"}},
+                "_validation_dataset": {"path_or_dataset": "/off"},
+                "validation_dataset": {"dataset_name": "rajpurkar/squad", "path": "${HOME}/x"},
+                "checkpoint": {"checkpoint_dir": "/ck", "path": "/not/a/dataset/key"}}
+    assert read_path_values(sections) == [
+        ("model.pretrained_model_name_or_path", "/data/m"),
+        ("model.config.pretrained_model_name_or_path", "meta-llama/Llama-3.2-1B"),
+        ("teacher_model.pretrained_model_name_or_path", "~/teacher"),
+        ("dataset.path_or_dataset_id.0", "/d/a.jsonl"), ("dataset.path_or_dataset_id.1", "/d/b.jsonl"),
+        ("dataset.tokenizer.pretrained_model_name_or_path", "./tok"),
+        ("validation_dataset.dataset_name", "rajpurkar/squad")]
+    forms = {v: path_form(v) for v in ("/a", "~/a", "./a", "..", "a/b/c", "org/name", "name", "hf://org/name/f")}
+    assert forms == {"/a": "absolute", "~/a": "home", "./a": "relative", "..": "relative", "a/b/c": "relative",
+                     "org/name": None, "name": None, "hf://org/name/f": None}

@@ -612,6 +612,93 @@ def test_automodel_file_reaches_the_nodes_unchanged_and_nodes_install_automodel(
     assert "install -e .\n" in bundled.request.task["setup"]  # the bundled recipe needs no AutoModel
 
 
+def _local_recipe(tmp_path: Path) -> tuple[dict[str, tp.Any], Path, Path, Path]:
+    """SQUAD's sections with a local model dir (its tokenizer the same dir), a local dataset dir (``dataset_name``,
+    as the tests' own runs give it) and a local validation file (``path_or_dataset_id``: ColumnMapped's form);
+    ``model.config`` stays a Hub id. Returns ``(sections, model, data, validation file)``."""
+    model, data = tmp_path / "models" / "tiny", tmp_path / "data" / "squad"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    data.mkdir(parents=True)
+    (data / "train.jsonl").write_text("{}\n")
+    val = tmp_path / "val" / "rows.jsonl"
+    val.parent.mkdir()
+    val.write_text("{}\n")
+    sections = {k: v for k, v in SQUAD.items() if k != "validation_dataset"}
+    sections["model"] = {**SQUAD["model"], "pretrained_model_name_or_path": str(model),
+                         "config": {"pretrained_model_name_or_path": "meta-llama/Llama-3.2-1B"}}
+    sections["dataset"] = {**SQUAD["dataset"], "dataset_name": str(data),
+                           "tokenizer": {"pretrained_model_name_or_path": f"{model}/"}}
+    sections["validation_dataset"] = {"_target_": "nemo_automodel.components.datasets.llm."
+                                      "column_mapped_text_instruction_dataset.ColumnMappedTextInstructionDataset",
+                                      "path_or_dataset_id": [str(val)], "column_mapping": {"answer": "a"}}
+    return sections, model, data, val
+
+
+def test_automodel_local_model_and_dataset_are_file_mounts_at_their_own_paths(sky, tmp_path: Path) -> None:
+    """A local model dir and local dataset dir/file of an AutoModel file reach the nodes at the same absolute paths
+    (file mounts SkyPilot's schema and ``sky.Task`` accept), so the rank config is the file's sections unchanged;
+    a Hub id is not a path and is not mounted."""
+    sections, model, data, val = _local_recipe(tmp_path)
+    cfg = config.load({**sections, "output_dir": str(tmp_path / "R"),
+                       "skypilot": {"cloud": "gcp", "accelerators": "A100:8", "hf_token": ""}})
+    backend = skypilot.SkyPilot()
+    p = backend.plan(cfg, JOB, backend.preflight([cfg]))
+    backend.check([p])  # SkyPilot's own schema and sky.Task (a mount source must exist)
+    task = sky.Task.from_yaml_config(yaml.safe_load(p.files[skypilot.TASK_FILE]))
+    mounts = {k: v for k, v in (task.file_mounts or {}).items() if k.startswith(str(tmp_path))}
+    assert mounts == {str(model): str(model.resolve()), str(data): str(data.resolve()), str(val): str(val.resolve())}
+    assert not any("meta-llama" in k for k in task.file_mounts or {})
+    node = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
+    assert {k: v for k, v in node.items() if k not in ("output_dir", "profile")} == sections  # as written
+
+
+def test_automodel_local_paths_the_nodes_cannot_have_are_one_line_each(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path (here it names a dir of the submitting dir; on a node it is read from the synced workdir),
+    a ``~`` path (the node user's home) and an absolute path missing here are refused in one line naming the key,
+    the value and what to write, before anything is planned or launched. A Hub id passes."""
+    sections, model, _, _ = _local_recipe(tmp_path)
+    monkeypatch.chdir(model.parent)
+
+    def refusal(key: str, value: str) -> str:
+        node, *path, leaf = key.split(".")
+        bad = yaml.safe_load(yaml.safe_dump(sections))
+        target = bad[node]
+        for k in path:
+            target = target[k]
+        target[leaf] = value
+        cfg = config.load({**bad, "output_dir": str(tmp_path / "R"), "skypilot": {"cloud": "gcp", "hf_token": ""}})
+        with pytest.raises(ConfigError) as e:
+            skypilot.SkyPilot().preflight([cfg])
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert refusal("model.pretrained_model_name_or_path", "tiny") == (
+        "model.pretrained_model_name_or_path='tiny' is invalid: an absolute path on the SkyPilot nodes (a relative "
+        f"path is read from the ranks' own working dir there, not the one it names here); write the absolute path: "
+        f"{model}")
+    assert refusal("dataset.tokenizer.pretrained_model_name_or_path", "~/tok").startswith(
+        "dataset.tokenizer.pretrained_model_name_or_path='~/tok' is invalid: an absolute path on the SkyPilot nodes "
+        "(a home path is the home of the ranks' user there")
+    assert refusal("dataset.dataset_name", str(tmp_path / "gone")) == (
+        f"dataset.dataset_name='{tmp_path / 'gone'}' is invalid: a file or dir that exists on this machine (it is "
+        "uploaded (a file mount) to the SkyPilot nodes at the same path), or a Hub id")
+    hub = {**sections, "dataset": {**sections["dataset"], "dataset_name": "rajpurkar/squad"}}  # not a dir here
+    facts = skypilot.SkyPilot().preflight([config.load({**hub, "output_dir": "/r", "skypilot": {}})])
+    assert sorted(facts.paths) == sorted(map(str, [model, tmp_path / "val" / "rows.jsonl"]))
+
+
+def test_the_bundled_recipes_jsonl_data_travels_with_the_job_as_its_text_file_does(tmp_path: Path) -> None:
+    """``data.source: jsonl`` reads ``data.path`` on the ranks as ``source: file`` does: both are uploaded."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a", "answer": "b"}\n')
+    cfg = load(["data.source=jsonl", f"data.path={rows}"], tmp_path)
+    p = skypilot.SkyPilot().plan(cfg, JOB, skypilot.SkyPilot().preflight([cfg]))
+    node = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
+    assert p.request.task["file_mounts"][node["data"]["path"].replace("${oc.env:HOME}", "~")] == str(rows)
+
+
 def test_spot_resume_keys_plan_and_resume_from_the_jobs_bucket(sky, tmp_path: Path) -> None:
     """The spot-resume keys ``restore_from: {path: /checkpoints/latest}`` and a short
     ``step_scheduler.checkpoint_interval`` plan a managed spot job whose nodes resume from the newest complete

@@ -179,3 +179,83 @@ def test_a_recipe_only_the_image_has_plans_and_an_interactive_run_refuses_it(
     assert "recipe=lab_tools_only_in_the_image.train:main does not import on this machine" in caplog.text
     with pytest.raises(ValueError, match="cannot import module 'lab_tools_only_in_the_image.train'"):
         driver.check_recipe(config.load(recipe), set(), here=True)
+
+
+def _automodel_job(tmp_path: Path, **slurm_keys: object) -> tuple[config.TrainConfig, dict, Path, Path]:
+    """AutoModel's SQuAD file (tests/data/automodel) with a local model dir (also its tokenizer), a local dataset
+    dir and a validation file in another dir; ``model.config`` stays a Hub id. ``(cfg, sections, model, data)``."""
+    import yaml
+
+    model, data = tmp_path / "models" / "tiny", tmp_path / "data" / "squad"
+    for d in (model, data, tmp_path / "val"):
+        d.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (data / "train.jsonl").write_text("{}\n")
+    (tmp_path / "val" / "rows.jsonl").write_text("{}\n")
+    sections = yaml.safe_load((ROOT / "tests" / "data" / "automodel" / "llama3_2_1b_squad.yaml").read_text())
+    sections["model"].update(pretrained_model_name_or_path=str(model),
+                             config={"pretrained_model_name_or_path": "meta-llama/Llama-3.2-1B"})
+    sections["dataset"].update(dataset_name=str(data), tokenizer={"pretrained_model_name_or_path": str(model)})
+    sections["validation_dataset"].update(dataset_name=str(tmp_path / "val" / "rows.jsonl"))
+    cfg = config.load({**sections, "output_dir": str(tmp_path / "R"),
+                       "slurm": {"container_image": IMAGE, "ntasks_per_node": 1, **slurm_keys}})
+    return cfg, sections, model, data
+
+
+def test_a_recipes_local_model_and_dataset_are_mounted_into_the_container_at_their_own_paths(
+        tmp_path: Path) -> None:
+    """The model dir (once, though its tokenizer names it too), the dataset dir and the validation file are
+    ``--container-mounts`` at the same paths, so the rank config (the file's sections as written) reads them in
+    the container; a Hub id is not mounted, nor a path under a mount the job has already (``extra_mounts``)."""
+    shared = tmp_path / "shared"
+    (shared / "val").mkdir(parents=True)
+    cfg, sections, model, data = _automodel_job(tmp_path, extra_mounts=[f"{shared}:{tmp_path / 'val'}"])
+    job = JobSpec(tmp_path / "R", "train")
+    backend = slurm.Slurm()
+    plan = backend.plan(cfg, job, backend.preflight([cfg]))
+    mounts = srun_line(plan.files["sbatch.sh"]).split("--container-mounts=")[1].split()[0].split(",")
+    assert f"{model}:{model}" in mounts and f"{data}:{data}" in mounts
+    assert [m for m in mounts if m.startswith(str(tmp_path))] == [f"{shared}:{tmp_path / 'val'}", f"{data}:{data}",
+                                                                  f"{model}:{model}", f"{job.job_dir}:{job.job_dir}"]
+    assert "meta-llama" not in plan.files["sbatch.sh"]
+    assert {k: v for k, v in config.rank_spec(cfg).items() if k not in ("output_dir", "profile")} == sections
+    # bare metal: the nodes share this host's filesystem; nothing is mounted (no container)
+    bare = config.load({**sections, "output_dir": str(tmp_path / "R"), "slurm": {"ntasks_per_node": 1}})
+    assert "--container-mounts" not in backend.plan(bare, job, backend.preflight([bare])).files["sbatch.sh"]
+
+
+def test_a_recipes_local_path_the_container_cannot_have_is_one_line(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path (the container starts in the run dir), a ``~`` one and one missing on the submitting host
+    are refused at plan time in one line naming the key, the value and what to write."""
+    cfg, sections, model, _ = _automodel_job(tmp_path)
+    monkeypatch.chdir(model.parent)
+
+    def refusal(value: str) -> str:
+        bad = {**sections, "model": {**sections["model"], "pretrained_model_name_or_path": value}}
+        cfg = config.load({**bad, "output_dir": str(tmp_path / "R"),
+                           "slurm": {"container_image": IMAGE, "ntasks_per_node": 1}})
+        with pytest.raises(ConfigError) as e:
+            slurm.Slurm().preflight([cfg])
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    where = f"the container ({IMAGE})"
+    assert refusal("tiny") == (f"model.pretrained_model_name_or_path='tiny' is invalid: an absolute path on {where} "
+                               "(a relative path is read from the ranks' own working dir there, not the one it names "
+                               f"here); write the absolute path: {model}")
+    assert refusal("~/m").startswith(f"model.pretrained_model_name_or_path='~/m' is invalid: an absolute path on "
+                                     f"{where} (a home path")
+    assert refusal(str(tmp_path / "gone")) == (
+        f"model.pretrained_model_name_or_path='{tmp_path / 'gone'}' is invalid: a file or dir that exists on this "
+        f"machine (it is mounted (--container-mounts) into {where} at the same path), or a Hub id")
+
+
+def test_the_bundled_recipes_data_file_is_mounted_into_the_container(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.path`` (a local file the bundled recipe's ranks read) is mounted at its own path."""
+    rows = tmp_path / "data" / "rows.jsonl"
+    rows.parent.mkdir()
+    rows.write_text('{"prompt": "a", "answer": "b"}\n')
+    _, _, plan = plan_job(tmp_path, monkeypatch, "data.source=jsonl", f"data.path={rows}")
+    assert f"{rows}:{rows}" in srun_line(plan.files["sbatch.sh"]).split("--container-mounts=")[1].split()[0]

@@ -52,7 +52,7 @@ from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
 from automodel_hydra.envvars import expand, parse
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
-from automodel_hydra.paths import POINTER
+from automodel_hydra.paths import POINTER, local_reads, outermost
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
 from automodel_hydra.profile import nsys_prefix
 from automodel_hydra.schema import ConfigError, require
@@ -80,7 +80,8 @@ class Facts:
     ``auto_bucket``: the bucket for ``checkpoint_bucket: auto`` (:func:`default_bucket`); ``set_vars``: which of
     ``HF_TOKEN`` / ``WANDB_API_KEY`` are set in this shell (names only, never values); ``job_dirs``: each
     ``skypilot.job_dir`` as written -> the absolute dir it means here; ``paths``: ``data.path`` and a local
-    ``model.name_or_path`` as written -> the absolute path uploaded to the nodes."""
+    ``model.name_or_path`` as written, and another recipe's local model and dataset paths
+    (:func:`automodel_hydra.paths.local_reads`) -> the absolute path uploaded to the nodes."""
 
     auto_bucket: str
     set_vars: frozenset[str] = frozenset()
@@ -157,6 +158,8 @@ def _sh(arg: str) -> str:
 
 #: This project's install on every node, run before ``skypilot.setup`` (the ranks import it, hydra-core, omegaconf).
 PROJECT_INSTALL = "python -m pip install -e"
+#: How the recipe's local model and dataset paths reach the nodes (:func:`automodel_hydra.paths.local_reads`).
+UPLOADED = "uploaded (a file mount) to"
 #: Where the project is mounted when ``skypilot.workdir`` is another dir (else the workdir is the project).
 PROJECT_MOUNT = "~/automodel-hydra"
 
@@ -229,7 +232,12 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
         ``checkpoint.enabled`` not false and ``checkpoint.checkpoint_dir`` relative or under the mount;
         ``restore_from.path`` must be ``latest``, ``<checkpoint_mount>/latest`` or null (a local path is not on
         the nodes); a
-        variable set twice (``env_vars`` and ``env_set``/``hf_token``/``wandb_key``); a malformed reference.
+        variable set twice (``env_vars`` and ``env_set``/``hf_token``/``wandb_key``); a malformed reference;
+        a relative or ``~`` local model or dataset path of another recipe (:func:`automodel_hydra.paths.local_reads`:
+        it would name another dir on the nodes).
+
+    Another recipe's local model and dataset paths (absolute: preflight refused the others) are file mounts at the
+    same paths on the nodes, so its sections reach the ranks as written; sources from ``facts.paths``.
     """
     sc = cfg.skypilot
     assert sc is not None, "the skypilot backend plans configs with a skypilot: section"
@@ -252,13 +260,18 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     elif cfg.automodel and automodel_resume.is_mount_pointer(
             str((cfg.recipe_sections.get("restore_from") or {}).get("path")), sc.checkpoint_mount):
         node["restore_from"] = {"path": "latest"}  # the same for an AutoModel recipe (its ranks: automodel_resume)
-    if cfg.data.source == "file" and cfg.data.path:  # the local text file travels with the job
+    if cfg.data.source != "pydoc" and cfg.data.path:  # the local text or jsonl file travels with the job
         file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
         node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
     model = cfg.model.name_or_path
     if model is not None and model in facts.paths:  # a local model dir, not a hub id
         file_mounts[f"{root}/launch/model"] = facts.paths[model]
         node["model"]["name_or_path"] = _yaml_path(f"{root}/launch/model")
+    if not cfg.bundled:  # the recipe's local model and dataset paths, at the same paths on the nodes
+        reads = local_reads(cfg, "the SkyPilot nodes", UPLOADED, check_here=False,
+                            inside=[sc.checkpoint_mount] if bucket else [])
+        for path in outermost(path for _, path, _ in reads):
+            file_mounts[path] = facts.paths.get(path, path)
     if bucket:
         file_mounts[sc.checkpoint_mount] = _storage(bucket, sc.checkpoint_store)
     elif sc.num_nodes > 1:
@@ -414,7 +427,9 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
         """Read what planning needs from this machine (:class:`Facts`): the ``auto`` bucket name (user and host
         name), which of ``HF_TOKEN`` / ``WANDB_API_KEY`` are set, each ``job_dir`` (shell references, ``~`` and a
         relative path resolved here), the local files uploaded to the nodes. Raises ConfigError for a
-        ``data.path`` that is not a file here, PreflightError for an unset reference in ``job_dir``."""
+        ``data.path`` that is not a file here, for a local model or dataset path of another recipe that is
+        relative, ``~`` or missing here (:func:`automodel_hydra.paths.local_reads`), PreflightError for an unset
+        reference in ``job_dir``."""
         job_dirs: dict[str, str] = {}
         paths: dict[str, str] = {}
         for cfg in cfgs:
@@ -423,7 +438,9 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
             if sc.job_dir is not None:
                 text = expand(parse(sc.job_dir, "skypilot.job_dir"), os.environ, "skypilot.job_dir")
                 job_dirs[sc.job_dir] = os.path.abspath(os.path.expanduser(text))
-            if cfg.data.source == "file" and cfg.data.path:
+            if not cfg.bundled:  # (make_plan mounts them; a relative or missing one is refused here)
+                paths.update((path, source) for _, path, source in local_reads(cfg, "the SkyPilot nodes", UPLOADED))
+            if cfg.data.source != "pydoc" and cfg.data.path:
                 data = Path(cfg.data.path).expanduser()
                 require(data.is_file(), "data.path", cfg.data.path, "an existing file here (it is uploaded to the "
                         "nodes)")

@@ -79,6 +79,7 @@ from automodel_hydra.backends.slurm_tunnel import (
 )
 from automodel_hydra.bootstrap import PORT_SPAN
 from automodel_hydra.envvars import UnsetReference, export_lines, missing_refs, parse_env_vars
+from automodel_hydra.paths import local_reads, outermost
 from automodel_hydra.plan import (
     CALL_FILE,
     RUN_ID_FILE,
@@ -130,6 +131,8 @@ AUTOMODEL_SBATCH = {"mail-type": "FAIL"}
 TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
 PROJECT_MOUNT = "/opt/automodel-hydra"
+#: How a recipe's local model and dataset paths reach a container's ranks (:func:`read_mounts`).
+MOUNTED = "mounted (--container-mounts) into"
 #: Slurm's default MaxArraySize (slurm.conf(5)): array indices 0..MaxArraySize-1.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 #: Defaults every task gets; the submitting shell's value or an ``env_vars`` entry wins.
@@ -275,6 +278,31 @@ def _mount(source: str, dest: str, key: str) -> str:
     return f"{source}:{dest}"
 
 
+def container_dirs(sc: SlurmConfig, job_dir: Path, hf_home: str | None = None) -> list[str]:
+    """Paths that a container job's tasks already have (pure): the destinations of ``nemo_mount`` (or
+    :data:`PROJECT_MOUNT`) and ``extra_mounts``, the run dir (the output dir is mounted at its own path) and an
+    absolute ``hf_home``. A path a rank reads under one of them needs no mount of its own."""
+    dirs = [sc.nemo_volume.dest if sc.nemo_volume is not None else sc.nemo_mount or PROJECT_MOUNT, PROJECT_MOUNT,
+            *(m.dest for m in sc.extra_mounts), str(job_dir)]
+    return [os.path.normpath(d) for d in [*dirs, *([hf_home] if hf_home and hf_home.startswith("/") else [])]]
+
+
+def read_mounts(cfg: TrainConfig, job_dir: Path, check_here: bool = True) -> list[str]:
+    """The ``--container-mounts`` entries (``path:path``) that bring the local model and dataset paths the ranks
+    read (:func:`automodel_hydra.paths.local_reads`: the model dir, tokenizer, teacher, a dataset file or dir)
+    into ``slurm.container_image`` at the same paths, so the recipe's sections work there as written; paths under
+    :func:`container_dirs` are there already. ``check_here=False`` reads no filesystem (planning; preflight
+    checked). Raises ConfigError (one line, naming the key) for a relative path (unless ``slurm.chdir`` says
+    where the ranks start), a ``~`` one, one missing on the submitting host, and UserValueError for a path that
+    ``--container-mounts`` cannot write (``,`` or ``:``)."""
+    sc = cfg.slurm
+    assert sc is not None and sc.container_image is not None
+    reads = local_reads(cfg, f"the container ({sc.container_image})", MOUNTED, check_here=check_here,
+                        relative_ok=sc.chdir is not None, inside=container_dirs(sc, job_dir, sc.hf_home))
+    keys = {path: key for key, path, _ in reversed(reads)}  # the first key naming each path
+    return [_mount(path, path, keys[path]) for path in outermost(keys)]
+
+
 def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None, remote: Remote | None = None
                   ) -> Request:
     sc = cfg.slurm
@@ -364,6 +392,7 @@ def _plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None, 
             mounts.append(_mount(str(job.project_root), sc.nemo_mount if sc.nemo_mount and volume is None
                                  else PROJECT_MOUNT, "slurm.nemo_mount"))
         mounts += [_mount(m.source, m.dest, f"slurm.extra_mounts[{i}]") for i, m in enumerate(sc.extra_mounts)]
+        mounts += read_mounts(cfg, job.job_dir, check_here=False)  # the recipe's local models and data
     else:  # nsys runs in the batch step's environment; in a container the task checks it there (task_prologue)
         setup += nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file)))
     if sc.setup:
@@ -555,6 +584,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                 if not os.access(source, os.R_OK | (os.X_OK if Path(source).is_dir() else 0)):
                     raise ConfigError(key, source, "a path the job's user can read (it is mounted into the "
                                       "container, where the ranks read it as this user)")
+            if sc.container_image is not None and sc.ssh is None:  # (through a tunnel: the cluster's paths)
+                read_mounts(cfg, Path(cfg.output_dir))  # the ranks' local models and data exist here
             tokens = {n: getattr(sc, k) for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}
             fields = {n: k for k, n in TOKEN_FIELDS.items() if getattr(sc, k)}  # HF_TOKEN -> hf_token: the key written
             for entry, var in missing_refs(parse_env_vars({**sc.env_vars, **tokens}, "slurm.env_vars"), os.environ):
