@@ -31,6 +31,7 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra import version_line
 from automodel_hydra.plan import LAUNCH_DIR, MANIFEST_FILE, RECORD_FILE, RESULT_FILE, launch_dir
 from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState
@@ -555,24 +556,13 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
 # ----------------------------------------------------------------------------------------------- entry point
 
 
-def version() -> str:
-    """This package's version as installed (its metadata: the one home is pyproject.toml), or "unknown" when run
-    from a checkout that was never installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("automodel-hydra")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     usage, about = __doc__.split("\n\n")[1:3]
     parser = argparse.ArgumentParser(prog="automodel-hydra", formatter_class=argparse.RawDescriptionHelpFormatter,
                                      description="Run a config file, and operate runs and sweeps after launch."
                                                  "\n\n" + usage,
                                      epilog=about.replace("``", ""))
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     latest = "run or sweep dir (default: the newest under ./outputs and ./multirun)"
     p = sub.add_parser("runs", help="past runs and sweeps under ./outputs and ./multirun, newest first")

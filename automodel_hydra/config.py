@@ -36,6 +36,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from automodel_hydra import errors
 from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
 from automodel_hydra.backends.slurm_config import SlurmConfig
@@ -360,6 +361,9 @@ def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mappi
                 node[name] = _escape(value)
             elif name in SHELL_FIELDS.get(section, ()):
                 if name == "env_vars" and isinstance(value, dict):
+                    for k, v in value.items():  # str() would export a list's repr
+                        require(not isinstance(v, (list, dict)), f"{key}.{k}", v,
+                                "expected a string (an environment variable's value)")
                     value = {str(k): "" if v is None else str(v) for k, v in value.items()}
                 node[name] = _walk(value, key, lambda text, k: _omega_text(
                     render([_omegaconf_value(cfg, p.text) if isinstance(p, Interp) else p])
@@ -470,6 +474,11 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
         data["recipe_sections"] = _escape(sections)
     else:
         _normalise_aliases(data)
+    # OmegaConf's merge names no key for a list given to a section or a mapping ("Cannot merge DictConfig with
+    # ListConfig"), and keeps a list or a mapping given as an entry of a List[str] or Dict[str, str] as it is
+    found = errors.misshapen(TrainConfig, data)
+    if found is not None:
+        raise errors.invalid(*found)
     return data
 
 

@@ -12,6 +12,12 @@ schema's user into the next error. :func:`describe` turns them into the line a u
 
       step_scheduler.max_steps='two' is invalid: expected an integer
 
+* a value of the wrong shape (a list for a mapping: OmegaConf's ``Cannot merge DictConfig with ListConfig`` names
+  no value) or a key new to a mapping set without ``++``: the key, the value, what is valid and how to write it on
+  the command line (:func:`misshapen`, which :func:`automodel_hydra.config.load` also runs on a user's file)::
+
+      slurm.setup={'a': 1} is invalid: expected a list; on the command line: slurm.setup=[A,B,...]
+
 * a config group option that does not exist (``launcher=slurmm``): the option, the closest and the choices.
 
 Where the config is composed by Hydra before any code of ours runs (``train.py``'s primary config),
@@ -24,10 +30,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import os
+import re
 import sys
 import traceback
 import typing as tp
+
+from automodel_hydra.schema import ConfigError
 
 #: A section with at most this many keys has them all listed after an unknown key.
 SHORT_SECTION = 16
@@ -56,16 +66,128 @@ def describe(error: BaseException) -> str | None:
         return None
     key = str(getattr(cause, "full_key", None) or getattr(cause, "key", None) or "")
     schema = getattr(cause, "object_type", None)
+    line = _override_line(error, cause, key)
+    if line is not None:
+        return line
     if isinstance(cause, ConfigKeyError) or type(cause).__name__ == "ConfigAttributeError":
         name = str(getattr(cause, "key", None) or key.rpartition(".")[2])
         return unknown_key_line(key or name, name, _keys_of(schema, cause))
     if isinstance(cause, ValidationError) and key:
-        from automodel_hydra.schema import ConfigError
-
-        expected = _expected(schema, key.rpartition(".")[2]) or _first_line(cause)
-        return str(ConfigError(key, getattr(cause, "value", None), f"expected {expected}"))
+        hint = _hints(schema).get(key.rpartition(".")[2]) or _entry(getattr(cause, "ref_type", None))
+        value = getattr(cause, "value", None)
+        if hint is None:
+            return str(ConfigError(key, value, _first_line(cause)))
+        return str(invalid(key, value, hint, override=_OVERRIDE_LINE.match(str(error)) is not None))
     first = _first_line(cause)
     return f"{key}: {first}" if key and key not in first else first
+
+
+def invalid(key: str, value: tp.Any, hint: tp.Any, override: bool = False) -> ConfigError:
+    """``key=value is invalid: expected <hint in words>`` (:func:`type_words`); for a value given on the command
+    line (``override``) where a mapping, a section or a list is expected, also how to write one there."""
+    valid = f"expected {type_words(hint)}"
+    origin = _origin(hint)
+    if override and (origin is dict or dataclasses.is_dataclass(origin)):  # ++: also a mapping's new keys
+        valid += f"; on the command line: ++{key}={{KEY:VALUE,...}}"
+    elif override and origin is list:
+        valid += f"; on the command line: {key}=[A,B,...]"
+    return ConfigError(key, value, valid)
+
+
+def misshapen(hint: tp.Any, value: tp.Any, key: str = "") -> tuple[str, tp.Any, tp.Any] | None:
+    """The first place where ``value`` (plain data: dicts, lists, scalars) has a shape the annotation ``hint``
+    (a schema dataclass, ``Dict[K, V]``, ``List[T]``, a scalar type, ``Optional`` of one) cannot hold: a list
+    where a section or a mapping is expected, a mapping where a list is, either where a scalar is. Returns
+    ``(full key, the value there, the annotation there without Optional)``, or None when every shape fits. What
+    OmegaConf itself reports with its key (a wrong scalar, an unknown key of a section) is not looked for."""
+    hint = _strip_optional(hint)
+    origin, args = _origin(hint), tp.get_args(hint)
+    shape = dict if isinstance(value, dict) else list if isinstance(value, list) else None
+    wanted = (dict if origin is dict or dataclasses.is_dataclass(origin) else list if origin is list
+              else "a scalar" if origin in (str, int, float, bool) else None)
+    if shape is not None and wanted is not None and shape is not wanted:
+        return key, value, hint
+    if shape is list and wanted is list and len(args) == 1:
+        entries = [(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    elif shape is dict and wanted is dict:
+        fields = _hints(origin) if dataclasses.is_dataclass(origin) else None  # a key it lacks: OmegaConf's
+        entries = [(f"{key}.{k}" if key else str(k), v, _entry(hint) if fields is None else fields.get(str(k)))
+                   for k, v in value.items()]
+    else:
+        return None
+    for k, v, h in entries:
+        found = None if h is None else misshapen(h, v, k)
+        if found is not None:
+            return found
+    return None
+
+
+def _strip_optional(hint: tp.Any) -> tp.Any:
+    """``Optional[X]`` -> ``X``; any other annotation as it is."""
+    if tp.get_origin(hint) is tp.Union:
+        args = [a for a in tp.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
+def _origin(hint: tp.Any) -> tp.Any:
+    """``Optional[Dict[str, str]]`` -> ``dict``; a plain class (a dataclass, ``int``) as it is."""
+    hint = _strip_optional(hint)
+    return tp.get_origin(hint) or hint
+
+
+def _hints(schema: tp.Any) -> dict[str, tp.Any]:
+    """A schema dataclass's field annotations, resolved (once per class); {} for anything else or when they
+    cannot be resolved."""
+    return _class_hints(schema) if isinstance(schema, type) else {}
+
+
+@functools.cache
+def _class_hints(schema: type) -> dict[str, tp.Any]:
+    try:
+        return tp.get_type_hints(schema)
+    except Exception:
+        return {}
+
+
+#: The override Hydra was applying when OmegaConf refused it, as its message names it
+#: (hydra/_internal/config_loader_impl.py: ``_apply_overrides_to_config``).
+_OVERRIDE_LINE = re.compile(r"^(?:Error merging override |Could not override .*\nTo append to your config use \+)"
+                            r"(?P<line>.+)$", re.S)
+
+
+def _override_line(error: BaseException, cause: BaseException, key: str) -> str | None:
+    """The line for an override Hydra could not apply for its shape, or None for any other error:
+
+    * a list set for a section or a mapping (``slurm.sbatch_args=[--foo]``), or a mapping for a list: OmegaConf
+      says ``Cannot merge DictConfig with ListConfig`` at that key, without the value (for a section inside a
+      section set as a whole, ``slurm={tunnel:[a]}``: ``Merge error: list is not a subclass of TunnelConfig``);
+    * a key new to a mapping of its own keys (``slurm.env_vars.A=1``, ``slurm.sbatch_args={qos:x}``): OmegaConf
+      says the key is not in the struct, as for a misspelt key of a section; Hydra adds one only with ``+``/``++``.
+
+    The value is the override's, parsed as Hydra parses it; :func:`misshapen` finds the wrong shape in it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
+
+    hint = getattr(cause, "ref_type", None)
+    match = _OVERRIDE_LINE.match(str(error))
+    new_key = isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and _origin(hint) is dict
+    merge = (isinstance(cause, ConfigTypeError) and str(cause).startswith("Cannot merge")
+             or isinstance(cause, ValidationError) and str(cause).startswith("Merge error"))
+    if match is None or not (new_key or merge):
+        return None
+    text, at = match["line"].strip(), key.rpartition(".")[0] if new_key else key
+    try:
+        override = OverridesParser.create().parse_override(text)
+    except HydraException:
+        return None
+    found = misshapen(hint, override.value(), at) if str(override.key_or_group) == at else None
+    if found is not None:
+        return str(invalid(*found, override=True))
+    if new_key:
+        return f"{key}: a new key of the mapping {at}; on the command line a new key takes ++: ++{text.lstrip('+')}"
+    return None
 
 
 def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str]) -> str:
@@ -93,15 +215,10 @@ def _keys_of(schema: tp.Any, cause: BaseException) -> list[str]:
         return []
 
 
-def _expected(schema: tp.Any, name: str) -> str | None:
-    """The expected type of ``schema``'s field ``name`` in words (``an integer``, ``a number or null``)."""
-    if not dataclasses.is_dataclass(schema):
-        return None
-    try:
-        hint = tp.get_type_hints(schema).get(name)
-    except Exception:
-        return None
-    return None if hint is None else type_words(hint)
+def _entry(hint: tp.Any) -> tp.Any:
+    """The type of an entry of a ``Dict[K, V]`` annotation (``V``), or None for any other annotation."""
+    args = tp.get_args(_strip_optional(hint))
+    return args[1] if _origin(hint) is dict and len(args) == 2 else None
 
 
 def type_words(hint: tp.Any) -> str:

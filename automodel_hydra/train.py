@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from automodel_hydra import argv, config, errors
+from automodel_hydra import argv, config, errors, version_line
 from automodel_hydra.driver import launchable, refuse_unselected_sections, run
 
 config.register()  # the typed schema the recipe's config starts from (llm_finetune_schema)
@@ -30,7 +30,11 @@ def main(cfg: DictConfig) -> object:
 
 def cli(app_file: str | None = None) -> None:
     """Run the app on ``sys.argv``: an AutoModel-style ``--config F.yaml`` becomes Hydra's shape
-    (:mod:`automodel_hydra.argv`), and a launcher key set without its ``launcher=`` choice fails in one line."""
+    (:mod:`automodel_hydra.argv`), and a launcher key set without its ``launcher=`` choice fails in one line.
+    ``--version`` prints this package's version line (:func:`automodel_hydra.version_line`), not Hydra's."""
+    if "--version" in sys.argv[1:]:  # Hydra's own --version would answer with Hydra's version
+        print(version_line())
+        raise SystemExit(0)
     sys.argv[1:] = argv.for_user_config(sys.argv[1:])
     refuse_unselected_sections(app_file or __file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` alone: one line
     try:

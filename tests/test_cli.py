@@ -295,6 +295,36 @@ def test_without_dir_and_nothing_here_is_a_clear_error(tmp_path: Path, monkeypat
     assert "no run or sweep under" in capsys.readouterr().err
 
 
+def test_a_run_refused_at_plan_time_is_not_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A refused run or sweep leaves only what Hydra writes before our code runs (``.hydra/``, an empty
+    ``train.log``); without a launch record it is no run: ``runs`` lists nothing, ``status`` finds nothing."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["launcher=slurm", "slurm.nodes=0", f"hydra.run.dir={tmp_path / 'outputs' / 'r'}"],
+                 ["-m", "launcher=slurm", "slurm.nodes=0,1", f"hydra.sweep.dir={tmp_path / 'multirun' / 's'}"]):
+        proc = train_py(*args, "dry_run=true", check=False)
+        assert proc.returncode == 2 and "error: slurm.nodes=0 is invalid" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "outputs" / "r" / "train.log").is_file() and (tmp_path / "multirun" / "s" / "0").is_dir()
+    assert cli.find_runs() == []
+    assert cli.main(["runs"]) == 1 and "no runs or sweeps under" in capsys.readouterr().err
+    assert cli.main(["status"]) == 2 and "no run or sweep under" in capsys.readouterr().err
+
+
+def test_version_is_ours_however_the_app_is_started(tmp_path: Path) -> None:
+    """``python train.py --version`` (and ``automodel-hydra FILE.yaml --version``, which runs it) printed Hydra's
+    version (``Hydra 1.3.8``); every form prints this package's line, before anything is composed or written."""
+    from importlib.metadata import version
+
+    line = f"automodel-hydra {version('automodel-hydra')}"  # the installed distribution's (pyproject.toml)
+    (tmp_path / "mine.yaml").write_text("step_scheduler:\n  max_steps: 3\n")
+    train = str(ROOT / "train.py")
+    for argv in ([train, "--version"], [train, "launcher=slurm", "--version"],
+                 ["-m", "automodel_hydra.cli", "--version"], ["-m", "automodel_hydra.cli", "mine.yaml", "--version"]):
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert (proc.returncode, proc.stdout.strip()) == (0, line), (argv, proc.stdout, proc.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
+
+
 def test_runs_lists_past_runs_and_sweeps(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["runs", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from automodel_hydra import config, driver
+from automodel_hydra.schema import ConfigError
 from tests.helpers import train_py
 
 
@@ -23,12 +24,35 @@ def _last(proc) -> str:
     (["launcher=slurmm"], "error: launcher=slurmm: no such option; did you mean slurm? (launcher: interactive, "),
     (["-m", "optim.lr=1e-3", "step_scheduler.max_steps=1,two", "dry_run=true"],
      "error: step_scheduler.max_steps='two' is invalid: expected an integer"),
+    # a list for a mapping or a section, a mapping for a list (OmegaConf: "Cannot merge DictConfig with ListConfig",
+    # no value), a list entry of the wrong shape (was a TypeError traceback)
+    (["launcher=slurm", "slurm.sbatch_args=[--foo]"],
+     "error: slurm.sbatch_args=['--foo'] is invalid: expected a mapping (KEY: VALUE); on the command line: "
+     "++slurm.sbatch_args={KEY:VALUE,...}"),
+    (["launcher=skypilot", "skypilot.env_vars=['A=1']"], "error: skypilot.env_vars=['A=1'] is invalid: expected a "
+                                                        "mapping (KEY: VALUE)"),
+    (["launcher=slurm", "slurm.setup={a:1}"], "error: slurm.setup={'a': 1} is invalid: expected a list; on the "
+                                               "command line: slurm.setup=[A,B,...]"),
+    (["launcher=slurm", "slurm={tunnel:[a]}"], "error: slurm.tunnel=['a'] is invalid: expected a section (KEY: "
+                                               "VALUE entries); on the command line: ++slurm.tunnel={KEY:VALUE,...}"),
+    (["launcher=slurm", "slurm.setup=[[a]]"], "error: slurm.setup[0]=['a'] is invalid: expected a string"),
+    # a scalar for a mapping: how to write one
+    (["launcher=slurm", "slurm.env_vars=3"], "error: slurm.env_vars=3 is invalid: expected a mapping (KEY: VALUE); "
+                                             "on the command line: ++slurm.env_vars={KEY:VALUE,...}"),
+    # an entry of a mapping of strings that is not one (OmegaConf: "Key 'A' is not in struct"; "Cannot convert")
+    (["launcher=slurm", "slurm.env_vars={A:[1]}"], "error: slurm.env_vars.A=[1] is invalid: expected a string"),
+    (["launcher=slurm", "++slurm.env_vars.A=[1]"], "error: slurm.env_vars.A=[1] is invalid: expected a string"),
+    # a mapping's new key without ++ (was "no such key in slurm.sbatch_args", which has no fixed keys)
+    (["launcher=slurm", "slurm.sbatch_args={qos:x}"], "error: slurm.sbatch_args.qos: a new key of the mapping "
+                                                      "slurm.sbatch_args; on the command line a new key takes ++: "
+                                                      "++slurm.sbatch_args={qos:x}"),
 ])
 def test_composition_errors_are_one_line(tmp_path, args: list[str], line: str) -> None:
     proc = train_py(*args, f"hydra.run.dir={tmp_path / 'R'}", f"hydra.sweep.dir={tmp_path / 'S'}", check=False)
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert _last(proc).startswith(line), proc.stdout[-2000:]
     assert "+step_scheduler" not in proc.stdout and "full_key" not in proc.stdout and "Traceback" not in proc.stdout
+    assert "Cannot merge" not in proc.stdout and "not in struct" not in proc.stdout
 
 
 def test_a_users_file_and_its_launcher_section_get_the_same_line(tmp_path) -> None:
@@ -50,3 +74,22 @@ def test_a_users_hydra_full_error_still_gets_hydras_traceback(tmp_path) -> None:
     proc = train_py("step_scheduler.max_step=3", f"hydra.run.dir={tmp_path / 'R'}", env={"HYDRA_FULL_ERROR": "1"},
                     check=False)
     assert proc.returncode == 1 and "Traceback" in proc.stdout
+
+
+@pytest.mark.parametrize(("section", "line"), [
+    ({"slurm": {"sbatch_args": ["--foo"]}}, "slurm.sbatch_args=['--foo'] is invalid: expected a mapping (KEY: VALUE)"),
+    ({"slurm": {"setup": {"a": 1}}}, "slurm.setup={'a': 1} is invalid: expected a list"),
+    ({"skypilot": {"env_vars": ["A=1"]}}, "skypilot.env_vars=['A=1'] is invalid: expected a mapping (KEY: VALUE)"),
+    ({"slurm": ["a"]}, "slurm=['a'] is invalid: expected a section (KEY: VALUE entries)"),
+    ({"slurm": {"tunnel": {"options": ["a"]}}}, "slurm.tunnel.options=['a'] is invalid: expected a mapping"),
+    # was exported as A='[1]', the list's repr
+    ({"slurm": {"env_vars": {"A": [1]}}}, "slurm.env_vars.A=[1] is invalid: expected a string"),
+    ({"slurm": {"srun_args": [{"a": 1}]}}, "slurm.srun_args[0]={'a': 1} is invalid: expected a string"),  # was kept
+])
+def test_a_users_file_with_a_value_of_the_wrong_shape_gets_the_key(tmp_path, section, line: str) -> None:
+    """A user's file is validated by config.load, where OmegaConf's merge error names no key at all, and its merge
+    keeps a list or a mapping given as an entry of a List[str] or Dict[str, str] (which then failed later, or was
+    exported as its repr)."""
+    with pytest.raises(ConfigError) as err:
+        config.load({**section, "output_dir": str(tmp_path)})
+    assert driver.one_line(err.value).startswith(line)
