@@ -744,13 +744,20 @@ class Unavailable(RuntimeError):
 
 
 def nemo_run_python() -> str:
-    """NeMo-Run's interpreter: ``$NEMO_RUN_PYTHON``, else ``.venv-nemo-run/bin/python`` (benchmarks/setup-nemo-run),
-    else this one when ``nemo_run`` imports here. Raises Unavailable naming the set-up command."""
-    for py in (os.environ.get("NEMO_RUN_PYTHON"), str(NEMO_RUN_VENV / "bin" / "python"), PY):
-        if py and Path(py).exists() and subprocess.run([py, "-c", "import nemo_run"],
-                                                       capture_output=True).returncode == 0:
+    """NeMo-Run's interpreter: ``$NEMO_RUN_PYTHON`` when it is set (then only that one: a wrong path is a skip
+    naming it, not a quiet fallback to another NeMo-Run), else ``.venv-nemo-run/bin/python``
+    (benchmarks/setup-nemo-run), else this one when ``nemo_run`` imports here. Raises Unavailable naming the
+    set-up command."""
+    setup = "benchmarks/setup-nemo-run makes .venv-nemo-run with nemo-run==0.11.1"
+    chosen = os.environ.get("NEMO_RUN_PYTHON")
+    for py in [chosen] if chosen else [str(NEMO_RUN_VENV / "bin" / "python"), PY]:
+        if Path(py).exists() and subprocess.run([py, "-c", "import nemo_run"], capture_output=True).returncode == 0:
             return py
-    raise Unavailable("NeMo-Run is not installed: benchmarks/setup-nemo-run makes .venv-nemo-run with nemo-run==0.11.1")
+    if chosen:
+        raise Unavailable(f"NeMo-Run is not installed: NEMO_RUN_PYTHON={chosen} "
+                          f"{'does not import nemo_run' if Path(chosen).exists() else 'does not exist'} "
+                          f"(unset it to use .venv-nemo-run; {setup})")
+    raise Unavailable(f"NeMo-Run is not installed: {setup}")
 
 
 class TestCluster:
