@@ -470,8 +470,16 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             for problem in [*host_problems(cfg), *write_problems(cfg)]:
                 raise problem
         warned: set[str] = set()
+        asked: dict[str | None, str | None] = {}  # one question per recipe, not per sweep point
         for cfg in cfgs:  # an AutoModel recipe's CUDA calls, asked here where its ranks will run
-            line = automodel_cuda_problem(cfg)
+            if not cfg.automodel:
+                continue
+            from automodel_hydra.recipes import recipe_target
+
+            target = recipe_target(cfg.recipe)
+            if target not in asked:
+                asked[target] = automodel_cuda_problem(cfg)
+            line = asked[target]
             if line is not None and not cfg.dry_run:
                 raise PreflightError(line)
             if line is not None and line not in warned:
