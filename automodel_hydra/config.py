@@ -294,7 +294,6 @@ ALIASES = (
     ("step_scheduler", "ckpt_every_steps", "step_scheduler", "checkpoint_interval"),
     ("checkpoint", "restore_from", "restore_from", "path"),
     ("skypilot", "gpus_per_node", "skypilot", "nproc_per_node"),
-    ("skypilot", "job_name", "skypilot", "run_name"),
 )
 
 

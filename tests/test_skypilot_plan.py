@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import getpass
+import hashlib
 import os
 import socket
 import subprocess
@@ -35,6 +36,8 @@ RECORD_VAR = "AUTOMODEL_HYDRA_RECORD_GOLDEN"
 JOB = JobSpec(job_dir=Path("/runs/outputs/2026-01-01/00-00-00"), job_name="train",
               project_root=Path("/src/automodel-hydra"))
 #: What preflight read on a fixed machine: the auto bucket, HF_TOKEN set in the shell.
+#: The 6 hex of JOB's run dir in its default run name.
+DIGEST = hashlib.sha1(str(JOB.job_dir).encode()).hexdigest()[:6]
 FACTS = skypilot.Facts("automodel-me-12345678", frozenset({"HF_TOKEN"}))
 FIELD_IPS = "10.0.0.12\n10.0.0.5\n"
 
@@ -146,9 +149,10 @@ def test_automodel_examples_plan_as_automodel_would_launch_them(example: str, sk
     (res,) = task.resources
     assert (res.infra.to_str(), res.accelerators, res.use_spot, res.disk_size, task.num_nodes) == (
         want["infra"], want["accelerators"], want["use_spot"], want["disk"], want["nodes"])
-    assert task.name == want["name"] and p.request.managed == want["use_spot"]
+    # AutoModel's job name, plus the run dir's hash (deliberate: two runs of one file never share a bucket dir)
+    assert task.name == f"{want['name']}-{DIGEST}" and p.request.managed == want["use_spot"]
     if not want["use_spot"]:  # AutoModel: the job name is the cluster name too
-        assert p.request.cluster_name == want["name"]
+        assert p.request.cluster_name == task.name
         assert (p.request.idle_minutes_to_autostop, p.request.down) == (10, True)  # kubernetes cannot stop
     assert f"--nproc_per_node={want['accelerators']['H100' if 'H100' in want['accelerators'] else 'T4']}" in task.run
     assert [r.name for r in task.managed_secret_refs] == ["HF_TOKEN"] and not task.secrets  # by name only
@@ -166,8 +170,8 @@ def test_automodel_example_block_as_a_whole_config_routes_to_skypilot(sky, tmp_p
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     task = yaml.safe_load((tmp_path / "R" / "launch" / skypilot.TASK_FILE).read_text())
-    assert (task["name"], task["resources"]["infra"], task["secrets"]) == ("llama3-2-1b-squad", "gcp/us-central1",
-                                                                           {"HF_TOKEN": None})
+    assert (task["name"].rsplit("-", 1)[0], task["resources"]["infra"], task["secrets"]) == (
+        "llama3-2-1b-squad", "gcp/us-central1", {"HF_TOKEN": None})
     leaks = [p for p in tmp_path.rglob("*") if p.is_file() and b"hf_secret_value_9f2" in p.read_bytes()]
     assert leaks == [] and "hf_secret_value_9f2" not in proc.stdout + proc.stderr
 
@@ -220,7 +224,8 @@ KEY_CASES: dict[str, tuple[dict[str, tp.Any], tp.Callable[[skypilot.Plan], tp.An
     "gpus_per_node-and-nproc_per_node-agree": ({"gpus_per_node": 2, "nproc_per_node": 2},
                                                lambda p: "--nproc_per_node=2" in p.request.task["run"]),
     "job_name": ({"job_name": "Llama_3.2 squad", "use_spot": False},
-                 lambda p: (p.request.name, p.request.cluster_name) == ("llama-3-2-squad",) * 2),
+                 lambda p: p.request.name == p.request.cluster_name == f"llama-3-2-squad-{DIGEST}"),
+    "job_name-and-run_name": ({"job_name": "a", "run_name": "b"}, lambda p: p.request.name == "b"),
     "run_name": ({"run_name": "exp-7"}, lambda p: p.request.task["name"] == "exp-7"),
     "hf_home-default": ({}, lambda p: p.request.task["envs"]["HF_HOME"] == "~/.cache/huggingface"),
     "hf_home": ({"hf_home": "/mnt/hf"}, lambda p: p.request.task["envs"]["HF_HOME"] == "/mnt/hf"),
@@ -275,13 +280,12 @@ def test_hydra_env_set_reaches_every_node_and_workdir_is_ignored() -> None:
 BAD_KEYS = {  # block -> (field named, what the message says)
     "gpus_per_node-vs-nproc": ({"gpus_per_node": 2, "nproc_per_node": 4}, "skypilot.gpus_per_node",
                                "skypilot.nproc_per_node"),
-    "job_name-vs-run_name": ({"job_name": "a", "run_name": "b"}, "skypilot.job_name", "skypilot.run_name"),
     "cloud": ({"cloud": "mars"}, "skypilot.cloud", "aws"),
     "zone-on-kubernetes": ({"cloud": "kubernetes", "zone": "z"}, "skypilot.zone", "context"),
     "region-slash": ({"cloud": "aws", "region": "us/east"}, "skypilot.region", "'/'"),
     "down-false-on-kubernetes": ({"cloud": "kubernetes", "down": False, "use_spot": False}, "skypilot.down",
                                  "cannot stop"),
-    "job_name-nothing-left": ({"job_name": "___"}, "skypilot.run_name", "letter or digit"),
+    "job_name-nothing-left": ({"job_name": "___"}, "skypilot.job_name", "letter or digit"),
     "env_vars-bad-ref": ({"env_vars": {"A": "${HOME:?x}"}}, "skypilot.env_vars.A", "not a supported reference"),
     "env_vars-bad-name": ({"env_vars": {"A-B": "1"}}, "skypilot.env_vars.A-B", "variable names"),
     "hf_token-twice": ({"hf_token": "${T}", "env_vars": {"HF_TOKEN": "${T}"}}, "skypilot.hf_token",
@@ -410,6 +414,27 @@ def test_cross_section_rules_and_names(tmp_path: Path) -> None:
     assert (p.name, p.cluster_name) == ("exp-7-3", "c-3")
     cfg = load_block({"skypilot": {}})
     assert skypilot.run_key(cfg.skypilot, JOB) == skypilot.run_key(cfg.skypilot, JOB)
+
+
+def test_two_runs_of_one_automodel_file_never_share_a_bucket_dir() -> None:
+    """AutoModel's ``job_name`` is the same in every run of its file: it names the task, and the run dir's hash
+    keeps each run's checkpoints apart (AutoModel resumes from what it finds there); a relaunch in the same run dir
+    gets the same dir back, and only an explicit ``run_name`` shares one across runs."""
+    block = {"skypilot": {"job_name": "llama3_2_1b_squad", "use_spot": True, "checkpoint_bucket": "b-1"},
+             "restore_from": {"path": "/checkpoints/latest"}}
+    first, second = (JobSpec(job_dir=Path(f"/runs/outputs/2026-01-01/0{i}-00-00"), job_name="train") for i in (1, 2))
+
+    def bucket_dir(job: JobSpec, data: dict[str, tp.Any] = block) -> str:
+        """The dir in the bucket the ranks write to (and AutoModel resumes from): the nodes' ``output_dir``."""
+        p = plan(load_block(data), job)
+        out = str(yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])["output_dir"])
+        assert out.startswith("/checkpoints/")
+        return out.removeprefix("/checkpoints/")
+
+    assert bucket_dir(first) != bucket_dir(second)
+    assert bucket_dir(first).startswith("llama3-2-1b-squad-") and bucket_dir(first) == bucket_dir(first)
+    shared = {**block, "skypilot": {**block["skypilot"], "run_name": "exp-7"}}
+    assert bucket_dir(first, shared) == bucket_dir(second, shared) == "exp-7"
 
 
 def test_auto_bucket_only_when_the_job_needs_one(monkeypatch: pytest.MonkeyPatch) -> None:

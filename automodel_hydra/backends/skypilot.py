@@ -115,15 +115,20 @@ class Request:
 
 
 def run_key(sc: SkyPilotConfig, job: JobSpec) -> str:
-    """The run's name on the cloud: :func:`sky_name` of ``skypilot.run_name`` (or AutoModel's ``job_name``), else
-    ``<job name>-<6 hex of the run/sweep dir>``; sweep points add ``-<job num>``. Same job dir, same key: a relaunch
-    resumes from the same bucket dir."""
+    """The run's name on the cloud (task, managed job, default cluster, bucket dir ``<checkpoint_mount>/<key>``).
+
+    :func:`sky_name` of ``skypilot.run_name`` when set (the one way two runs share a bucket dir: a later run under
+    that name resumes there), else ``<job name>-<6 hex of the run/sweep dir>``, the job name being
+    ``skypilot.job_name`` (AutoModel's task name, the same in every run of a file) or Hydra's, cut to 24 characters;
+    sweep points add ``-<job num>``. Same run dir, same key: a relaunch in it resumes from the same bucket dir;
+    another run dir never gets the same key unless ``run_name`` says so."""
     sweep = job.job_num is not None
     if sc.run_name is not None:
         base = sky_name(sc.run_name)
     else:
         digest = hashlib.sha1(str(job.job_dir.parent if sweep else job.job_dir).encode()).hexdigest()[:6]
-        base = f"{(sky_name(job.job_name) or 'job')[:24].rstrip('-')}-{digest}"
+        name = sky_name(sc.job_name) if sc.job_name is not None else sky_name(job.job_name)
+        base = f"{(name or 'job')[:24].rstrip('-')}-{digest}"
     return f"{base}-{job.job_num}" if sweep else base
 
 

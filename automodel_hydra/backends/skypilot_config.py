@@ -75,9 +75,12 @@ class SkyPilotConfig:
     # where the bucket is mounted on every node (absolute)
     checkpoint_mount: str = "/checkpoints"
     # the run's name on the cloud (task, managed job, default cluster name, bucket dir: a relaunch with the same name
-    # resumes there), made a valid SkyPilot name (my_run -> my-run); null = <job name>-<hash of the output dir>;
-    # sweeps add -<num>. job_name: AutoModel's name for it (config.ALIASES)
+    # resumes there), made a valid SkyPilot name (my_run -> my-run); null = <job_name>-<hash of the output dir>;
+    # sweeps add -<num>. Only this key makes two runs share a bucket dir: that is what it is for
     run_name: tp.Optional[str] = None
+    # AutoModel's name of the task and cluster: the readable part of the default run name, which keeps the hash of
+    # the output dir (a file's job_name is the same in every run of that file, so it must not key the bucket dir:
+    # a second run would resume from the first one's checkpoints); null = the Hydra job name
     job_name: tp.Optional[str] = None
     # on-demand only: cluster name (null = the run name)
     cluster_name: tp.Optional[str] = None
@@ -134,8 +137,9 @@ class SkyPilotConfig:
         mount = self.checkpoint_mount
         require(mount.startswith("/") and mount != "/" and not mount.endswith("/") and " " not in mount,
                 "skypilot.checkpoint_mount", mount, "an absolute path on the nodes, not /, without a trailing /")
-        require(self.run_name is None or bool(sky_name(self.run_name)), "skypilot.run_name", self.run_name,
-                "a name with at least one letter or digit")
+        for key in ("run_name", "job_name"):
+            require(getattr(self, key) is None or bool(sky_name(getattr(self, key))), f"skypilot.{key}",
+                    getattr(self, key), "a name with at least one letter or digit")
         require(self.cluster_name is None or bool(re.fullmatch(_SKY_NAME, self.cluster_name)),
                 "skypilot.cluster_name", self.cluster_name,
                 "a SkyPilot cluster name: letters, digits, '-', '_', '.', starting with a letter")
