@@ -10,6 +10,10 @@ each run:
   torch.compile ... register_constant() ... deprecated`` — torchao registering its enums the old way.
 * ``nemo_automodel._transformers.v4_patches.layer_types`` (logger, INFO): ``extended ALLOWED_LAYER_TYPES with
   ...`` — AutoModel patching transformers at import, the same on every run.
+* ``torch.cuda`` (a FutureWarning, raised by the ``pynvml`` package's import redirector when ``import torch``
+  imports ``pynvml``): ``The pynvml package is deprecated. Please install nvidia-ml-py instead`` — ``pynvml`` 13
+  is a shim over ``nvidia-ml-py`` that nvidia-resiliency-ext (the fault-tolerance extra) requires; nothing the
+  user installed or can change, printed by every process that imports torch (each rank).
 * ``megatron_fsdp.mixed_precision`` (a UserWarning): ``Transformer Engine and Apex are not installed. Falling back
   to local implementations`` — the documented fallback on a machine without them.
 """
@@ -40,10 +44,12 @@ class _Drop(logging.Filter):
 
 
 def install() -> None:
-    """Add the filters (idempotent); call before importing ``nemo_automodel``."""
+    """Add the filters (idempotent); call before importing ``torch`` or ``nemo_automodel``."""
     for name, pattern in LOG_FILTERS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):
             logger.addFilter(_Drop(pattern))
     warnings.filterwarnings("ignore", message=r"Transformer Engine and Apex are not installed\. Falling back",
                             category=UserWarning, module=r"megatron_fsdp\.mixed_precision")
+    warnings.filterwarnings("ignore", message=r"The pynvml package is deprecated\. Please install nvidia-ml-py",
+                            category=FutureWarning, module=r"torch\.cuda")

@@ -34,7 +34,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra import heartbeat
+from automodel_hydra import heartbeat, quiet
 
 log = logging.getLogger("automodel_hydra.worker")
 
@@ -385,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("job_file", help="the job's launch/job.yaml")
     parser.add_argument("--log-file", default=None, help="job log rank 0 appends to")
     args = parser.parse_args(argv)
+    quiet.install()  # before torch: its import prints dependencies' lines that tell the user nothing
     from torch.distributed.elastic.multiprocessing.errors import record
 
     try:

@@ -21,6 +21,7 @@ NOISE = {
     "torchao's optional CUDA kernels": "torchao/_C_",
     "torch's _pytree deprecation for torchao's enums": "is an Enum subclass and is now natively supported",
     "megatron_fsdp's fallback": "Transformer Engine and Apex are not installed",
+    "the pynvml shim's deprecation, at import torch": "The pynvml package is deprecated",
 }
 KEPT = ["a warning of the user's own", "a warning of ours", "torchao says something else"]
 
@@ -30,6 +31,7 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s
 if sys.argv[1] == "quiet":
     from automodel_hydra import quiet
     quiet.install()
+import torch  # noqa: F401
 import torchao  # noqa: F401
 import megatron_fsdp.mixed_precision  # noqa: F401
 warnings.warn("a warning of the user's own", UserWarning)
