@@ -67,6 +67,16 @@ def test_skypilot_refuses_a_resume_key_the_nodes_cannot_honour(sections: dict[st
     assert "\n" not in str(e.value)
 
 
+def test_a_refused_checkpoint_restore_from_lists_that_keys_own_values() -> None:
+    """``checkpoint.restore_from`` takes LATEST or a checkpoint's name, not ``restore_from.path``'s values."""
+    for spot in (True, False):
+        with pytest.raises(ConfigError) as e:
+            sky_plan(squad(checkpoint={"restore_from": "/x/epoch_0_step_3"}), spot=spot)
+        valid = str(e.value).split(" is invalid: ", 1)[1]
+        assert valid.startswith("LATEST, ") and "or restore_from.path: latest" in valid, valid
+        assert ("checkpoint's name" in valid) is not spot
+
+
 def test_an_entry_of_the_jobs_own_dir_is_fine_on_demand() -> None:
     sky_plan(squad(checkpoint={"restore_from": "epoch_0_step_5"}), spot=False)
 
