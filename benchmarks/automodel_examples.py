@@ -498,7 +498,9 @@ def alterations(case: Case, cwd: Path, model: Path) -> str:
         for part in path:
             node = node[part]
         node[last] = str(model)
-    want = {k: v for k, v in src.items() if k not in config.LAUNCH_KEYS or k == "recipe"}
+    # the launcher's keys are not the recipe's, except those another recipe's file keeps (``seed``, which
+    # AutoModel's recipes read) and ``recipe`` itself
+    want = {k: v for k, v in src.items() if k not in config.LAUNCH_KEYS or k in ("recipe", *config.BUNDLED_KEYS)}
     if case.recipe and "recipe" not in want:
         want["recipe"] = case.recipe
     diffs = _diff(_plain(want), _plain(got))
