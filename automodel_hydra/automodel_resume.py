@@ -181,7 +181,7 @@ def skypilot_problems(sections: tp.Mapping[str, tp.Any], mount: str, use_spot: b
                             "and the bucket's root holds no checkpoint of this job")]
     if req.key == _AM_KEY:  # the valid values of the key the user set, not of restore_from.path
         mine = ("LATEST, " + ("" if use_spot else "a checkpoint's name in this job's checkpoint dir, ") +
-                f"unset, or restore_from.path: latest (this job's newest checkpoint, in its bucket)")
+                "unset, or restore_from.path: latest (this job's newest checkpoint, in its bucket)")
     return [ConfigError(req.key, req.value, f"{mine} on SkyPilot: a local checkpoint path does not exist on the "
                         "nodes; put it in the bucket and use skypilot.run_name to resume from it")]
 

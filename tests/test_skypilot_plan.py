@@ -628,11 +628,14 @@ def test_automodel_file_reaches_the_nodes_unchanged_and_nodes_install_automodel(
     assert f"python -m pip install -e '.[{skypilot.AUTOMODEL_EXTRA}]'" in setup
     cpu = plan(config.load({**sections, "output_dir": "/runs/out", "skypilot": {"accelerators": None}}))
     assert "install -e '.[automodel]'" in cpu.request.task["setup"]  # a CPU node: the pinned triton, as here
-    if "checkpoint" in sections:  # spot: checkpoints a recovered job's fresh nodes cannot find are refused
+    if "checkpoint" in sections:  # spot: no checkpoint a recovered job's fresh nodes can find: planned (AutoModel's
+        # launcher runs these files), saying in one line that a recovery trains from step 0 and what resumes
         for key, value in (("enabled", False), ("checkpoint_dir", "/scratch/ckpt")):
             lost = {**sections, "checkpoint": {**sections["checkpoint"], key: value}}
-            with pytest.raises(ConfigError, match=f"checkpoint.{key}="):
-                plan(config.load({**lost, "output_dir": "/runs/out", "skypilot": {"cloud": "gcp"}}))
+            with pytest.warns(UserWarning, match=rf"^checkpoint.{key}=.*from step 0 again;") as seen:
+                planned = plan(config.load({**lost, "output_dir": "/runs/out", "skypilot": {"cloud": "gcp"}}))
+            assert "\n" not in str(seen[0].message) and planned.request.managed
+            assert yaml.safe_load(planned.files[skypilot.NODE_JOB_FILE])["checkpoint"][key] == value  # as written
     bundled = plan(load_block({"skypilot": {"cloud": "gcp"}}))
     assert "install -e .\n" in bundled.request.task["setup"]  # the bundled recipe needs no AutoModel
 

@@ -369,15 +369,21 @@ def _check(cfg: TrainConfig) -> None:
                                                                sc.use_spot):
                 raise problem
         if sc.use_spot and cfg.automodel and isinstance(node, dict):
-            if node.get("enabled") is False:
-                raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job "
-                                  "resumes from its newest checkpoint (AutoModel's LATEST)")
+            # AutoModel's own launcher runs these files on spot (a preemption ends its job); a managed job is
+            # recovered, and with no checkpoint its fresh nodes can read, the recovery trains from step 0 again:
+            # the work is redone, not lost or reported, so the plan goes ahead and says so (docs/skypilot.md)
             where = node.get("checkpoint_dir")
             mount = sc.checkpoint_mount.rstrip("/")
-            if isinstance(where, str) and where.startswith(("/", "~")) and not where.startswith(mount + "/"):
-                raise ConfigError("checkpoint.checkpoint_dir", where, f"a relative dir (the job's own, in its "
-                                  f"bucket) or one under {mount}/ with skypilot.use_spot=true: a recovered job's "
-                                  "fresh nodes have only the bucket")
+            lost = None
+            if node.get("enabled") is False:
+                lost = "checkpoint.enabled=false", "checkpoint.enabled=true"
+            elif isinstance(where, str) and where.startswith(("/", "~")) and not where.startswith(mount + "/"):
+                lost = (f"checkpoint.checkpoint_dir={where} (the node's disk)",
+                        f"a relative checkpoint.checkpoint_dir (the job's own, in its bucket) or one under {mount}/")
+            if lost is not None:
+                warnings.warn(f"{lost[0]} with skypilot.use_spot=true: a preempted job is recovered on fresh nodes "
+                              f"that have no checkpoint of it and trains from step 0 again; {lost[1]} makes it "
+                              "resume (or skypilot.use_spot=false)", stacklevel=2)
         return
     path = cfg.restore_from.path
     if path is not None and _is_mount_pointer(path, sc):
