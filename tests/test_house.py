@@ -203,14 +203,14 @@ def test_every_alias_is_in_the_one_table(tmp_path: Path) -> None:
     from automodel_hydra import config
     from automodel_hydra.schema import ConfigError
 
-    assert {(s, a) for s, a, _, _ in config.ALIASES} >= {("skypilot", "gpus_per_node"), ("skypilot", "job_name")}
-    values = {"ckpt_every_steps": 7, "restore_from": str(tmp_path), "gpus_per_node": 3, "job_name": "run-a"}
+    assert {(s, a) for s, a, _, _ in config.ALIASES} >= {("skypilot", "gpus_per_node")}
+    values = {"ckpt_every_steps": 7, "restore_from": str(tmp_path), "gpus_per_node": 3}
     for section, alias, target_section, target in config.ALIASES:
         for recipe in ({}, {"recipe": "m:f"}) if section in config.LAUNCH_KEYS else ({},):
             cfg = config.load({"output_dir": str(tmp_path), **recipe, section: {alias: values[alias]}})
             assert getattr(getattr(cfg, target_section), target) == values[alias]
             assert getattr(getattr(cfg, section), alias, None) is None  # normalised: one key holds the value
-        other = {"ckpt_every_steps": 9, "restore_from": "/elsewhere", "gpus_per_node": 4, "job_name": "run-b"}[alias]
+        other = {"ckpt_every_steps": 9, "restore_from": "/elsewhere", "gpus_per_node": 4}[alias]
         both = {section: {alias: values[alias]}}
         both.setdefault(target_section, {})[target] = other
         try:
