@@ -520,7 +520,9 @@ def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     if cfg.automodel:  # its resume keys, in AutoModel's layout; the bundled recipe's keys are not its
         from automodel_hydra import automodel_resume
 
-        return [*missing_here(cfg), *automodel_resume.host_problems(cfg.recipe_sections)]
+        written = automodel_resume.checkpoint_dir(cfg.recipe_sections)  # relative: under the job dir (paths.py)
+        own = None if "$" in written else os.path.normpath(Path(cfg.output_dir) / os.path.expanduser(written))
+        return [*missing_here(cfg), *automodel_resume.host_problems(cfg.recipe_sections, own)]
     if not cfg.bundled:
         return []
     problems = []
