@@ -71,7 +71,8 @@ def describe(error: BaseException) -> str | None:
         return line
     if isinstance(cause, ConfigKeyError) or type(cause).__name__ == "ConfigAttributeError":
         name = str(getattr(cause, "key", None) or key.rpartition(".")[2])
-        return unknown_key_line(key or name, name, _keys_of(schema, cause))
+        return unknown_key_line(key or name, name, _keys_of(schema, cause),
+                                *_user_file_hints(error, typed=dataclasses.is_dataclass(schema)))
     if isinstance(cause, ValidationError) and key:
         hint = _hints(schema).get(key.rpartition(".")[2]) or _entry(getattr(cause, "ref_type", None))
         value = getattr(cause, "value", None)
@@ -190,9 +191,11 @@ def _override_line(error: BaseException, cause: BaseException, key: str) -> str 
     return None
 
 
-def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str]) -> str:
+def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str],
+                     listed: str = "python train.py --help lists the main keys", adds: str | None = None) -> str:
     """``full_key: no such key in <section>; did you mean X? (its keys: ...)``: the closest of ``valid`` and, when
-    the section is short, all of them."""
+    the section is short, all of them, else ``listed`` (where the keys are listed) when none is close; then
+    ``adds`` (how to add the key), when given."""
     section = full_key.rpartition(".")[0] or "the config"
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     line = f"{full_key}: no such key in {section}"
@@ -201,8 +204,24 @@ def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str]) -> str:
     if valid and len(valid) <= SHORT_SECTION:
         line += f" ({'its' if section != 'the config' else 'top-level'} keys: {', '.join(valid)})"
     elif not close:
-        line += " (python train.py --help lists the main keys)"
-    return line
+        line += f" ({listed})"
+    return f"{line}; {adds}" if adds else line
+
+
+def _user_file_hints(error: BaseException, typed: bool) -> tuple[str, str | None] | tuple[()]:
+    """For a user's config file (:func:`automodel_hydra.argv.user_file` of this process's command line: what
+    ``automodel-hydra F.yaml`` runs): :func:`unknown_key_line`'s ``listed`` (that file's ``--help``, not the
+    bundled config's ``train.py``) and, for an override of a key the file lacks in a section no schema of ours
+    types (not ``typed``), its ``++`` form (Hydra adds a key only with ``+``/``++``); ``()`` for the bundled
+    config."""
+    from automodel_hydra.argv import user_file
+
+    file = user_file(sys.argv[1:])
+    if file is None:
+        return ()
+    match = _OVERRIDE_LINE.match(str(error))
+    adds = f"++{match['line'].strip().lstrip('+')} adds it to the file's config" if match and not typed else None
+    return f"automodel-hydra {file} --help lists its keys", adds
 
 
 def _keys_of(schema: tp.Any, cause: BaseException) -> list[str]:
