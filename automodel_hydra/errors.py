@@ -60,7 +60,8 @@ def describe(error: BaseException) -> str | None:
         return f"{group}={option}: no such option; {mean}({group}: {', '.join(error.options)})"
     if isinstance(error, OverrideParseException):
         lines = str(error).splitlines()
-        return " ".join(lines[:2]) + " (overrides are KEY=VALUE; quote a value with spaces or brackets)"
+        return _tilde_line(error.override, lines) or (
+            " ".join(lines[:2]) + " (overrides are KEY=VALUE; quote a value with spaces or brackets)")
     cause = error.__cause__ if isinstance(error, ConfigCompositionException) else error
     if not isinstance(cause, OmegaConfBaseException):
         return None
@@ -81,6 +82,28 @@ def describe(error: BaseException) -> str | None:
         return str(invalid(key, value, hint, override=_OVERRIDE_LINE.match(str(error)) is not None))
     first = _first_line(cause)
     return f"{key}: {first}" if key and key not in first else first
+
+
+#: The start of Hydra's message for a character its override lexer has no token for, followed by the override and,
+#: on the next line, a ``^`` under that character (hydra/core/override_parser/overrides_parser.py).
+_LEXER = "LexerNoViableAltException: "
+
+
+def _tilde_line(override: str, lines: list[str]) -> str | None:
+    """The line for an override whose value has an unquoted ``~`` (``checkpoint.checkpoint_dir=~/ckpt``), where
+    Hydra's lexer stops: its override grammar has ``~`` only as the delete prefix of a key (``~key``), and an
+    unquoted value is made of letters, digits, ``_``, ``:`` and ``/-\\+.$%*@?|`` (hydra's ``OverrideLexer.g4``,
+    ``UNQUOTED_CHAR``; https://hydra.cc/docs/advanced/override_grammar/basic/). A quoted value takes any character.
+    None for any other parse error."""
+    caret = lines[1].find("^") if len(lines) > 1 and lines[0] == _LEXER + override else -1
+    at = caret - len(_LEXER)
+    if not 0 <= at < len(override) or override[at] != "~" or "=" not in override[:at]:
+        return None
+    key, _, value = override.partition("=")
+    simple = not any(c in value for c in "[]{}(),'\" \t")
+    fix = f"""quote the value: '{key}="{value}"'""" if simple else 'quote each value that has it: "~/..."'
+    return (f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line "
+            f"{fix} (or write the absolute path)")
 
 
 def invalid(key: str, value: tp.Any, hint: tp.Any, override: bool = False) -> ConfigError:
