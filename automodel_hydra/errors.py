@@ -36,6 +36,7 @@ import re
 import sys
 import traceback
 import typing as tp
+from pathlib import Path
 
 from automodel_hydra.schema import ConfigError
 
@@ -44,6 +45,8 @@ SHORT_SECTION = 16
 #: Hydra's switch that makes ``run_and_report`` re-raise instead of printing (hydra/_internal/utils.py).
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 _set_here = False
+#: The user's config file this process's command line names (:func:`run_hydra_main`), None for the bundled config.
+_user_file: Path | None = None
 
 
 def describe(error: BaseException) -> str | None:
@@ -232,19 +235,15 @@ def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str],
 
 
 def _user_file_hints(error: BaseException, typed: bool) -> tuple[str, str | None] | tuple[()]:
-    """For a user's config file (:func:`automodel_hydra.argv.user_file` of this process's command line: what
-    ``automodel-hydra F.yaml`` runs): :func:`unknown_key_line`'s ``listed`` (that file's ``--help``, not the
-    bundled config's ``train.py``) and, for an override of a key the file lacks in a section no schema of ours
-    types (not ``typed``), its ``++`` form (Hydra adds a key only with ``+``/``++``); ``()`` for the bundled
-    config."""
-    from automodel_hydra.argv import user_file
-
-    file = user_file(sys.argv[1:])
-    if file is None:
+    """For a user's config file (the one :func:`run_hydra_main` was given: what ``automodel-hydra F.yaml`` runs):
+    :func:`unknown_key_line`'s ``listed`` (that file's ``--help``, not the bundled config's ``train.py``) and, for
+    an override of a key the file lacks in a section no schema of ours types (not ``typed``), its ``++`` form
+    (Hydra adds a key only with ``+``/``++``); ``()`` for the bundled config."""
+    if _user_file is None:
         return ()
     match = _OVERRIDE_LINE.match(str(error))
     adds = f"++{match['line'].strip().lstrip('+')} adds it to the file's config" if match and not typed else None
-    return f"automodel-hydra {file} --help lists its keys", adds
+    return f"automodel-hydra {_user_file} --help lists its keys", adds
 
 
 def _keys_of(schema: tp.Any, cause: BaseException) -> list[str]:
@@ -286,15 +285,18 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def run_hydra_main(main: tp.Callable[[], tp.Any]) -> tp.Any:
+def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None) -> tp.Any:
     """Call a ``@hydra.main`` function so that a config error of its composition is one line (:func:`describe`,
-    ``error: ...``, exit status 2) instead of Hydra's report.
+    ``error: ...``, exit status 2) instead of Hydra's report. ``user_file``: the user's config file the command
+    line names (:func:`automodel_hydra.argv.user_file`), which an unknown key's line then names, for the rest of
+    the process (each sweep job is composed from it too).
 
     Hydra prints its own report unless ``HYDRA_FULL_ERROR`` is set, when it re-raises (``run_and_report``); it is
     set here for the composition only (:func:`release`, called before any job is started, so no job inherits it),
     and only when the user has not set it: a user who set it gets Hydra's full traceback as before. Any other
     error is reported as Hydra reports it (its message for Hydra's own errors, else the traceback), exit status 1."""
-    global _set_here
+    global _set_here, _user_file
+    _user_file = user_file
     if _FULL_ERROR in os.environ:
         return main()
     os.environ[_FULL_ERROR] = "1"
