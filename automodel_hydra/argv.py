@@ -44,8 +44,10 @@ def for_user_config(argv: list[str]) -> list[str]:
     a key of a section our schema types (:func:`_typed_sections`: the launchers', ``profile``, ``seed``, and for a
     file of the bundled recipe every section) is set, adding it when the file lacks it (``slurm.nodes=2`` ->
     ``++slurm.nodes=2``; a launcher's only where the file has its section or the line chooses it, since the section
-    routes the job); an unknown key there is still refused by the schema, naming it. A recipe's own keys keep
-    Hydra's rule (the key must be in the file; AutoModel's ``--a.b=c`` adds it)."""
+    routes the job); an unknown key there is still refused by the schema, naming it. For a file of an AutoModel
+    recipe, the resume key ``restore_from.path`` (:mod:`automodel_hydra.automodel_resume`, which its files seldom
+    have) is set the same way. A recipe's own keys keep Hydra's rule (the key must be in the file; AutoModel's
+    ``--a.b=c`` adds it)."""
     if not _names_user_config(argv):
         return argv
     file = _named_file(argv)
@@ -54,6 +56,7 @@ def for_user_config(argv: list[str]) -> list[str]:
     typed = _typed_sections(sections)
     # a launcher's section routes the job there: its keys are set only where the file has it or the command line
     # chooses that launcher (else driver.refuse_unselected_sections says to add launcher=...)
+    from automodel_hydra.automodel_resume import KEY as resume_key
     from automodel_hydra.config import LAUNCHER_SECTIONS
 
     chosen = {a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launcher=")}
@@ -67,7 +70,7 @@ def for_user_config(argv: list[str]) -> list[str]:
         elif _OVERRIDE.match(a) and not a.startswith(("+", "~")):
             if key in GROUPS and key not in in_defaults:
                 a = "+" + a
-            elif "/" not in key and key.split(".")[0] in typed:
+            elif "/" not in key and key.split(".")[0] in typed or key == resume_key and _automodel(sections):
                 a = "++" + a
         out.append(a)
     keys = {a.split("=", 1)[0].lstrip("+~") for a in out if "=" in a}
@@ -80,6 +83,17 @@ def for_user_config(argv: list[str]) -> list[str]:
     if "hydra.sweep.dir" not in keys:
         out.append(f"hydra.sweep.dir={SWEEP_DIR}")
     return out
+
+
+def _automodel(sections: dict[str, tp.Any]) -> bool:
+    """Whether a user's file names an AutoModel recipe (:func:`automodel_hydra.recipe_names.kind_of`); False for
+    none, a function of the user's, or a ``recipe:`` value that is no recipe name (planning names that)."""
+    from automodel_hydra import recipe_names
+
+    try:
+        return sections.get("recipe") is not None and recipe_names.kind_of(sections["recipe"]) == "automodel"
+    except recipe_names.RecipeError:
+        return False
 
 
 def _named_file(argv: list[str]) -> Path | None:
@@ -96,6 +110,14 @@ def _named_file(argv: list[str]) -> Path | None:
     name = where["name"] if where["name"].endswith(".yaml") else where["name"] + ".yaml"
     file = Path(where["dir"]).expanduser() / name
     return file if file.is_file() else None
+
+
+def user_file(argv: list[str]) -> Path | None:
+    """The user's config file that a ``train.py`` command line (without the program) names, as the user named it:
+    the file itself, not the link in :func:`config_dir_of`'s dir that ``automodel-hydra F.yaml`` runs through;
+    None for the bundled config or a file that does not exist."""
+    file = _named_file(argv) if _names_user_config(argv) else None
+    return file.resolve() if file is not None else None
 
 
 def _default_groups(defaults: tp.Any) -> set[str]:

@@ -18,6 +18,7 @@ key                                        meaning
 ``restore_from.path: latest`` / ``LATEST`` the newest complete checkpoint in ``C`` (a fresh start when none)
 ``restore_from.path: D/latest``            the newest complete checkpoint in ``C`` when it has one (the job's own
 (or ``D/LATEST``)                          progress: a requeued or recovered job continues), else the newest in ``D``
+                                           (``D`` must exist where the ranks see this machine: :func:`host_problems`)
 ``restore_from.path: P``                   checkpoint dir ``P`` (an ``epoch_E_step_N`` dir)
 ``restore_from.path: null``                refused: AutoModel's recipe resumes from ``C`` whenever it has a
                                            checkpoint; a fresh start is a new ``checkpoint.checkpoint_dir``
@@ -124,12 +125,14 @@ def _written_here(value: str) -> bool:
     return "${" not in value and "$" not in value
 
 
-def host_problems(sections: tp.Mapping[str, tp.Any]) -> list[ConfigError]:
+def host_problems(sections: tp.Mapping[str, tp.Any], own: str | os.PathLike | None = None) -> list[ConfigError]:
     """Paths an AutoModel recipe's resume key names, checked where the ranks see this machine's files (local runs,
-    bare-metal Slurm; relative paths as the ranks' cwd has them: this process's): ``D/latest`` needs ``D`` to be a
-    dir when it exists (a first run may start fresh), a checkpoint dir must exist and be AutoModel's
-    (not the bundled recipe's ``step-N`` with ``.metadata``). A name without ``/`` in ``checkpoint.restore_from``
-    is an entry of the job's checkpoint dir, which AutoModel checks itself."""
+    bare-metal Slurm; relative paths as the ranks' cwd has them: this process's): ``D/latest`` needs ``D`` to be an
+    existing dir (a ``D`` not there would be a fresh start that nothing reports: rank 0 finds no checkpoint in it),
+    unless ``D`` is ``own``, the job's own checkpoint dir as its ranks resolve it (absolute), which a first run
+    creates, as for ``latest``; a checkpoint dir must exist and be AutoModel's (not the bundled recipe's ``step-N``
+    with ``.metadata``). A name without ``/`` in ``checkpoint.restore_from`` is an entry of the job's checkpoint
+    dir, which AutoModel checks itself."""
     try:
         req = requested(sections)
     except ConfigError:
@@ -143,6 +146,11 @@ def host_problems(sections: tp.Mapping[str, tp.Any]) -> list[ConfigError]:
         d = Path(source)
         if d.exists() and not d.is_dir():
             return [ConfigError(req.key, req.value, f"{d} is not a directory; valid: {_VALID}")]
+        if not d.exists() and (own is None or os.path.abspath(d) != os.path.normpath(own)):
+            return [ConfigError(req.key, req.value, f"{d} does not exist here, where the ranks run (the job would "
+                                "start fresh); valid: D/latest for an existing checkpoint dir D, 'latest' (the "
+                                "job's own checkpoint.checkpoint_dir, a fresh start while it has none), or an "
+                                "epoch_E_step_N checkpoint dir")]
         return []
     p = Path(req.value)
     if not p.is_dir():

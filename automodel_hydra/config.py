@@ -512,14 +512,17 @@ def check_world(cfg: TrainConfig, world_size: int) -> None:
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     """Paths the ranks will read, checked on the submitting host (the same filesystem for local and bare-metal
     Slurm jobs): ``data.path``, ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet); for an
-    AutoModel recipe its resume keys instead (:func:`automodel_hydra.automodel_resume.host_problems`), for a
-    function recipe nothing (its sections are its own)."""
-    from automodel_hydra.paths import pointer_dir
+    AutoModel recipe its dataset paths (:func:`automodel_hydra.paths.missing_here`) and its resume keys instead
+    (:func:`automodel_hydra.automodel_resume.host_problems`), for a function recipe nothing (its sections are its
+    own)."""
+    from automodel_hydra.paths import missing_here, pointer_dir
 
     if cfg.automodel:  # its resume keys, in AutoModel's layout; the bundled recipe's keys are not its
         from automodel_hydra import automodel_resume
 
-        return automodel_resume.host_problems(cfg.recipe_sections)
+        written = automodel_resume.checkpoint_dir(cfg.recipe_sections)  # relative: under the job dir (paths.py)
+        own = None if "$" in written else os.path.normpath(Path(cfg.output_dir) / os.path.expanduser(written))
+        return [*missing_here(cfg), *automodel_resume.host_problems(cfg.recipe_sections, own)]
     if not cfg.bundled:
         return []
     problems = []

@@ -36,6 +36,7 @@ import re
 import sys
 import traceback
 import typing as tp
+from pathlib import Path
 
 from automodel_hydra.schema import ConfigError
 
@@ -44,6 +45,8 @@ SHORT_SECTION = 16
 #: Hydra's switch that makes ``run_and_report`` re-raise instead of printing (hydra/_internal/utils.py).
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 _set_here = False
+#: The user's config file this process's command line names (:func:`run_hydra_main`), None for the bundled config.
+_user_file: Path | None = None
 
 
 def describe(error: BaseException) -> str | None:
@@ -60,7 +63,8 @@ def describe(error: BaseException) -> str | None:
         return f"{group}={option}: no such option; {mean}({group}: {', '.join(error.options)})"
     if isinstance(error, OverrideParseException):
         lines = str(error).splitlines()
-        return " ".join(lines[:2]) + " (overrides are KEY=VALUE; quote a value with spaces or brackets)"
+        return _tilde_line(error.override, lines) or (
+            " ".join(lines[:2]) + " (overrides are KEY=VALUE; quote a value with spaces or brackets)")
     cause = error.__cause__ if isinstance(error, ConfigCompositionException) else error
     if not isinstance(cause, OmegaConfBaseException):
         return None
@@ -71,7 +75,8 @@ def describe(error: BaseException) -> str | None:
         return line
     if isinstance(cause, ConfigKeyError) or type(cause).__name__ == "ConfigAttributeError":
         name = str(getattr(cause, "key", None) or key.rpartition(".")[2])
-        return unknown_key_line(key or name, name, _keys_of(schema, cause))
+        return unknown_key_line(key or name, name, _keys_of(schema, cause),
+                                *_user_file_hints(error, typed=dataclasses.is_dataclass(schema)))
     if isinstance(cause, ValidationError) and key:
         hint = _hints(schema).get(key.rpartition(".")[2]) or _entry(getattr(cause, "ref_type", None))
         value = getattr(cause, "value", None)
@@ -80,6 +85,28 @@ def describe(error: BaseException) -> str | None:
         return str(invalid(key, value, hint, override=_OVERRIDE_LINE.match(str(error)) is not None))
     first = _first_line(cause)
     return f"{key}: {first}" if key and key not in first else first
+
+
+#: The start of Hydra's message for a character its override lexer has no token for, followed by the override and,
+#: on the next line, a ``^`` under that character (hydra/core/override_parser/overrides_parser.py).
+_LEXER = "LexerNoViableAltException: "
+
+
+def _tilde_line(override: str, lines: list[str]) -> str | None:
+    """The line for an override whose value has an unquoted ``~`` (``checkpoint.checkpoint_dir=~/ckpt``), where
+    Hydra's lexer stops: its override grammar has ``~`` only as the delete prefix of a key (``~key``), and an
+    unquoted value is made of letters, digits, ``_``, ``:`` and ``/-\\+.$%*@?|`` (hydra's ``OverrideLexer.g4``,
+    ``UNQUOTED_CHAR``; https://hydra.cc/docs/advanced/override_grammar/basic/). A quoted value takes any character.
+    None for any other parse error."""
+    caret = lines[1].find("^") if len(lines) > 1 and lines[0] == _LEXER + override else -1
+    at = caret - len(_LEXER)
+    if not 0 <= at < len(override) or override[at] != "~" or "=" not in override[:at]:
+        return None
+    key, _, value = override.partition("=")
+    simple = not any(c in value for c in "[]{}(),'\" \t")
+    fix = f"""quote the value: '{key}="{value}"'""" if simple else 'quote each value that has it: "~/..."'
+    return (f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line "
+            f"{fix} (or write the absolute path)")
 
 
 def invalid(key: str, value: tp.Any, hint: tp.Any, override: bool = False) -> ConfigError:
@@ -190,9 +217,11 @@ def _override_line(error: BaseException, cause: BaseException, key: str) -> str 
     return None
 
 
-def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str]) -> str:
+def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str],
+                     listed: str = "python train.py --help lists the main keys", adds: str | None = None) -> str:
     """``full_key: no such key in <section>; did you mean X? (its keys: ...)``: the closest of ``valid`` and, when
-    the section is short, all of them."""
+    the section is short, all of them, else ``listed`` (where the keys are listed) when none is close; then
+    ``adds`` (how to add the key), when given."""
     section = full_key.rpartition(".")[0] or "the config"
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     line = f"{full_key}: no such key in {section}"
@@ -201,8 +230,20 @@ def unknown_key_line(full_key: str, name: str, valid: tp.Sequence[str]) -> str:
     if valid and len(valid) <= SHORT_SECTION:
         line += f" ({'its' if section != 'the config' else 'top-level'} keys: {', '.join(valid)})"
     elif not close:
-        line += " (python train.py --help lists the main keys)"
-    return line
+        line += f" ({listed})"
+    return f"{line}; {adds}" if adds else line
+
+
+def _user_file_hints(error: BaseException, typed: bool) -> tuple[str, str | None] | tuple[()]:
+    """For a user's config file (the one :func:`run_hydra_main` was given: what ``automodel-hydra F.yaml`` runs):
+    :func:`unknown_key_line`'s ``listed`` (that file's ``--help``, not the bundled config's ``train.py``) and, for
+    an override of a key the file lacks in a section no schema of ours types (not ``typed``), its ``++`` form
+    (Hydra adds a key only with ``+``/``++``); ``()`` for the bundled config."""
+    if _user_file is None:
+        return ()
+    match = _OVERRIDE_LINE.match(str(error))
+    adds = f"++{match['line'].strip().lstrip('+')} adds it to the file's config" if match and not typed else None
+    return f"automodel-hydra {_user_file} --help lists its keys", adds
 
 
 def _keys_of(schema: tp.Any, cause: BaseException) -> list[str]:
@@ -244,15 +285,18 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def run_hydra_main(main: tp.Callable[[], tp.Any]) -> tp.Any:
+def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None) -> tp.Any:
     """Call a ``@hydra.main`` function so that a config error of its composition is one line (:func:`describe`,
-    ``error: ...``, exit status 2) instead of Hydra's report.
+    ``error: ...``, exit status 2) instead of Hydra's report. ``user_file``: the user's config file the command
+    line names (:func:`automodel_hydra.argv.user_file`), which an unknown key's line then names, for the rest of
+    the process (each sweep job is composed from it too).
 
     Hydra prints its own report unless ``HYDRA_FULL_ERROR`` is set, when it re-raises (``run_and_report``); it is
     set here for the composition only (:func:`release`, called before any job is started, so no job inherits it),
     and only when the user has not set it: a user who set it gets Hydra's full traceback as before. Any other
     error is reported as Hydra reports it (its message for Hydra's own errors, else the traceback), exit status 1."""
-    global _set_here
+    global _set_here, _user_file
+    _user_file = user_file
     if _FULL_ERROR in os.environ:
         return main()
     os.environ[_FULL_ERROR] = "1"

@@ -198,6 +198,31 @@ def read_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
     return [(k, v) for k, v in found if "$" not in v]
 
 
+def missing_here(cfg: TrainConfig) -> list[ConfigError]:
+    """The dataset files and dirs among :func:`read_paths` of another recipe that do not exist on this machine, for
+    ranks that read this machine's files (torchrun here, bare-metal Slurm: :func:`automodel_hydra.config.host_problems`;
+    where they do not, :func:`local_reads` refuses them): one ConfigError each, naming the key and the value.
+
+    Only values that are a path by their form are looked up (:func:`automodel_hydra.automodel_files.path_form`:
+    absolute or ``~``, the ranks' user being this one); a Hub dataset id (``name``, ``org/name``) or a URL is left
+    to AutoModel's loader, and a relative path to the ranks' working dir (``hydra.job.chdir``, ``slurm.chdir`` may
+    make it another one). Model keys are :func:`automodel_hydra.automodel_files.check_model_fetchable`'s (a model
+    dir must also hold ``config.json``)."""
+    from automodel_hydra.automodel_files import MODEL_KEY, path_form
+
+    if cfg.bundled:
+        return []
+    problems = []
+    for key, value in read_paths(cfg):
+        if key.rpartition(".")[2] == MODEL_KEY or path_form(value) not in ("absolute", "home"):
+            continue
+        here = os.path.expanduser(value)
+        if not os.path.exists(here):
+            problems.append(ConfigError(key, value, f"{here} does not exist on this machine, where the ranks read "
+                                        "it; valid: an existing file or dir, or a Hugging Face Hub dataset id"))
+    return problems
+
+
 def local_reads(cfg: TrainConfig, where: str, how: str, *, check_here: bool = True, relative_ok: bool = False,
                 inside: tp.Sequence[str] = ()) -> list[tuple[str, str, str]]:
     """The local paths among :func:`read_paths` that must reach ranks running in ``where`` (e.g. "the SkyPilot

@@ -38,7 +38,8 @@ def cli(app_file: str | None = None) -> None:
     sys.argv[1:] = argv.for_user_config(sys.argv[1:])
     refuse_unselected_sections(app_file or __file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` alone: one line
     try:
-        errors.run_hydra_main(main)  # an unknown key or a wrong type while Hydra composes: one line
+        # an unknown key or a wrong type while Hydra composes: one line
+        errors.run_hydra_main(main, argv.user_file(sys.argv[1:]))
     finally:
         gc.freeze()  # the command is over: skip the interpreter's final collection of Hydra's and OmegaConf's objects
 

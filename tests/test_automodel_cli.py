@@ -177,3 +177,23 @@ def test_launcher_and_profile_choices_on_an_automodel_file_dry_run(tiny_llama_di
     assert (task["num_nodes"], task["resources"]["accelerators"]) == (2, "H100:8")
     sbatch = (tmp_path / "on_slurm" / "launch" / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in sbatch and "nsys profile" in sbatch
+
+
+def test_the_resume_key_on_an_automodel_file_without_it_and_an_unknown_keys_line(tmp_path: Path) -> None:
+    """``automodel-hydra FILE.yaml restore_from.path=latest`` on AutoModel's file, which has no ``restore_from:``,
+    sets the resume key (as ``++`` would); a function recipe's file keeps Hydra's rule. A key the file lacks is one
+    line naming that file's ``--help`` and the ``++`` form, not ``python train.py --help`` (the bundled config's).
+    Old main refused the first with Hydra's "no such key" and named train.py in the second."""
+    assert _overrides(argv.from_automodel_cli([str(SQUAD_YAML), "restore_from.path=latest"]))[0] == \
+        "++restore_from.path=latest"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("recipe: my_module:main\nstep_scheduler:\n  max_steps: 3\n")
+    assert _overrides(argv.from_automodel_cli([str(mine), "restore_from.path=latest"]))[0] == \
+        "restore_from.path=latest"
+    proc = _cli(str(SQUAD_YAML), "--cfg", "job", "dry_run=true", "restore_from.path=latest", cwd=tmp_path)
+    assert proc.returncode == 0 and "restore_from:\n  path: latest\n" in proc.stdout, proc.stdout[-3000:]
+    proc = _cli(str(SQUAD_YAML), "--cfg", "job", "dry_run=true", "nosuchsection.x=1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"error: nosuchsection: no such key in the config (automodel-hydra {SQUAD_YAML} --help lists its keys); "
+        "++nosuchsection.x=1 adds it to the file's config")

@@ -224,3 +224,37 @@ def test_read_path_values_are_the_model_and_dataset_keys_a_rank_loads() -> None:
     forms = {v: path_form(v) for v in ("/a", "~/a", "./a", "..", "a/b/c", "org/name", "name", "hf://org/name/f")}
     assert forms == {"/a": "absolute", "~/a": "home", "./a": "relative", "..": "relative", "a/b/c": "relative",
                      "org/name": None, "name": None, "hf://org/name/f": None}
+
+
+def test_a_missing_dataset_path_is_one_line_where_the_ranks_read_this_machines_files(tmp_path: Path) -> None:
+    """A dataset file given as an absolute or ``~`` path that does not exist, on torchrun here and on bare-metal
+    Slurm (``config.host_problems``, both backends' preflight), is refused before any rank starts, naming the key
+    and the value, as a missing local model dir is; a Hub dataset id and an existing file pass. Old main planned
+    the job, whose ranks then failed in ``load_dataset``."""
+    from automodel_hydra import config
+    from automodel_hydra.backends import slurm
+    from automodel_hydra.backends.interactive import Interactive
+    from automodel_hydra.schema import ConfigError
+
+    there = tmp_path / "train.jsonl"
+    there.write_text('{"question": "q", "answer": "a"}\n')
+
+    def load(value: str, **launcher: tp.Any) -> config.TrainConfig:
+        sections = squad()
+        sections["dataset"] = {"_target_": "nemo_automodel.components.datasets.llm.column_mapped_text_instruction_"
+                               "dataset.ColumnMappedTextInstructionDataset", "path_or_dataset_id": value,
+                               "column_mapping": {"question": "question", "answer": "answer"}}
+        return config.load({**sections, "output_dir": str(tmp_path / "out"), **launcher})
+
+    on_slurm = {"slurm": {"job_name": "squad_ft", "time": "00:10:00"}}
+    for missing in (f"{tmp_path}/nope/train.jsonl", "~/no-such-dir-amh/train.jsonl"):
+        (problem,) = config.host_problems(load(missing))
+        assert problem.key == "dataset.path_or_dataset_id" and repr(missing) in str(problem)
+        assert "does not exist" in str(problem) and "\n" not in str(problem)
+        with pytest.raises(ConfigError, match="does not exist"):
+            Interactive().preflight([load(missing)])
+        with pytest.raises(ConfigError, match="does not exist"):  # bare metal: the nodes see this filesystem
+            slurm.Slurm().preflight([load(missing, **on_slurm)])
+    for fine in (str(there), "rajpurkar/squad", "squad"):  # an existing file, Hub ids (org/name, name)
+        assert config.host_problems(load(fine)) == []
+        assert config.host_problems(load(fine, **on_slurm)) == []

@@ -125,7 +125,7 @@ def test_where_the_ranks_see_this_machine_a_missing_or_foreign_checkpoint_is_one
                                     "slurm": {"job_name": "squad_ft", "time": "00:10:00"}})
             with pytest.raises(ConfigError, match=why):  # bare metal: the nodes see this filesystem
                 slurm.Slurm().preflight([on_slurm])
-    for fine in (f"{d}/latest", f"{d}/LATEST", str(d / "epoch_0_step_1"), f"{tmp_path}/not-yet/latest", "latest"):
+    for fine in (f"{d}/latest", f"{d}/LATEST", str(d / "epoch_0_step_1"), "latest"):
         assert config.host_problems(config.load({**squad(restore_from={"path": fine}), "output_dir": "/o"})) == []
     assert config.host_problems(config.load({**squad(checkpoint={"restore_from": "epoch_0_step_9"}),
                                              "output_dir": "/o"})) == []  # AutoModel's name in its own dir
@@ -135,6 +135,30 @@ def test_where_the_ranks_see_this_machine_a_missing_or_foreign_checkpoint_is_one
     (missing,) = config.host_problems(config.load({**squad(checkpoint={"restore_from": f"{tmp_path}/e/LATEST"}),
                                                    "output_dir": "/o"}))
     assert missing.key == "checkpoint.restore_from" and "no such directory" in str(missing)
+
+
+def test_d_latest_of_a_dir_that_does_not_exist_is_one_line_where_the_ranks_see_this_machine(tmp_path: Path) -> None:
+    """``restore_from.path: D/latest`` with no dir ``D`` (a typo, an unmounted disk) would be a fresh start that
+    nothing reports (rank 0 finds no checkpoint in it): refused on torchrun here and bare-metal Slurm, naming
+    ``D``. ``latest`` and ``C/latest`` for the job's own checkpoint dir ``C`` (a first run creates it) still plan;
+    on SkyPilot ``<mount>/latest`` is the bucket (test_skypilot_spot_resume_key_...). Old main planned it."""
+    out = tmp_path / "out"
+    missing = f"{tmp_path}/not-yet/latest"
+    sections = squad(restore_from={"path": missing})
+    (problem,) = config.host_problems(config.load({**sections, "output_dir": str(out)}))
+    assert problem.key == "restore_from.path" and f"{tmp_path}/not-yet does not exist" in str(problem)
+    assert "\n" not in str(problem)
+    with pytest.raises(ConfigError, match="not-yet does not exist"):
+        Interactive().preflight([config.load({**sections, "output_dir": str(out)})])
+    on_slurm = config.load({**sections, "output_dir": str(out), "slurm": {"job_name": "squad_ft", "time": "00:10:00"}})
+    with pytest.raises(ConfigError, match="not-yet does not exist"):
+        slurm.Slurm().preflight([on_slurm])
+    for fine in (squad(restore_from={"path": "latest"}),  # the job's own checkpoints/, under the job dir
+                 squad(restore_from={"path": f"{out}/checkpoints/latest"}),
+                 squad(restore_from={"path": f"{tmp_path}/mine/LATEST"},
+                       checkpoint={"checkpoint_dir": f"{tmp_path}/mine/"})):
+        assert config.host_problems(config.load({**fine, "output_dir": str(out)})) == []
+    sky_plan(squad(restore_from={"path": "/checkpoints/latest"}))  # the job's bucket dir on the nodes
 
 
 def test_rank0_resolves_d_latest_own_checkpoints_first_in_automodels_layout(tmp_path: Path) -> None:

@@ -93,3 +93,29 @@ def test_a_users_file_with_a_value_of_the_wrong_shape_gets_the_key(tmp_path, sec
     with pytest.raises(ConfigError) as err:
         config.load({**section, "output_dir": str(tmp_path)})
     assert driver.one_line(err.value).startswith(line)
+
+
+@pytest.mark.parametrize("override", ["checkpoint.checkpoint_dir=~/ckpt", "model.pretrained_model_name_or_path=~/m"])
+def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_quoted_form(tmp_path, override: str) -> None:
+    """Hydra's override grammar has ``~`` only as a key's delete prefix: ``key=~/x`` was Hydra's
+    ``LexerNoViableAltException`` and a caret line. Now one line naming the override and the quoted form to write,
+    which Hydra's own parser reads as the value meant (as a shell passes it)."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (tmp_path / "mine.yaml").write_text(
+        "recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  _target_: nemo_automodel.NeMoAutoModelForCausal"
+        "LM.from_pretrained\n  pretrained_model_name_or_path: meta-llama/Llama-3.2-1B\ncheckpoint:\n  enabled: true\n"
+        "  checkpoint_dir: checkpoints/\n")
+    proc = train_py("--config-dir", str(tmp_path), "--config-name", "mine", "dry_run=true", override,
+                    f"hydra.run.dir={tmp_path / 'R'}", check=False)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    line = _last(proc)
+    assert line.startswith(f"error: {override}: Hydra's override grammar does not accept an unquoted ~ in a value; "
+                           "on the command line quote the value: '"), line
+    assert "Lexer" not in proc.stdout and "Traceback" not in proc.stdout and "^" not in proc.stdout
+    key, _, value = override.partition("=")
+    (quoted,) = shlex.split(line.split("quote the value: ", 1)[1].split(" (or", 1)[0])
+    parsed = OverridesParser.create().parse_override(quoted)
+    assert (parsed.key_or_group, parsed.value()) == (key, value)
