@@ -206,6 +206,30 @@ _HYDRA_VALUE_FLAGS = frozenset({"--cfg", "-p", "--package", "-cp", "--config-pat
 _OVERRIDE = re.compile(r"^[~+]*[A-Za-z_@][\w.\-/@]*=")
 
 
+def hydra_flags_first(argv: list[str]) -> list[str]:
+    """``argv`` (without the program) with Hydra's own flags (``-m``, ``--cfg job``, ``-cd D`` ...) moved before
+    the overrides, each flag's value with it, order otherwise kept: ``a=1 -m b=1,2`` -> ``-m a=1 b=1,2``.
+
+    Hydra reads its command line with argparse, where the overrides are one positional list (``nargs="*"``): an
+    option between two overrides ends that list, and the overrides after it are "unrecognized arguments"
+    (Python's argparse docs, ``parse_intermixed_args``, which Hydra does not use). Here a flag may come anywhere,
+    as the README's usage lines write it."""
+    flags: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _HYDRA_FLAGS or a.split("=", 1)[0] in _HYDRA_VALUE_FLAGS and "=" in a:
+            flags.append(a)
+        elif a in _HYDRA_VALUE_FLAGS and i + 1 < len(argv):
+            flags += argv[i:i + 2]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return flags + rest
+
+
 class UsageError(UserError, ValueError):
     """An AutoModel command line that cannot mean here what it meant there; the message is one line saying what to
     write instead."""

@@ -104,9 +104,15 @@ def _tilde_line(override: str, lines: list[str]) -> str | None:
         return None
     key, _, value = override.partition("=")
     simple = not any(c in value for c in "[]{}(),'\" \t")
-    fix = f"""quote the value: '{key}="{value}"'""" if simple else 'quote each value that has it: "~/..."'
-    return (f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line "
-            f"{fix} (or write the absolute path)")
+    if simple and value.startswith("~"):  # a home path: no shell expands a quoted ~, nor does the recipe
+        fix = (f"write the path out: {key}={os.path.expanduser(value)} (a quoted ~ reaches the recipe as the "
+               f"character ~; AutoModel's recipes do not expand it), or quote the value for a literal ~: "
+               f"""'{key}="{value}"'""")
+    elif simple:
+        fix = f"""quote the value: '{key}="{value}"'"""
+    else:
+        fix = 'write each home path out ($HOME/...), or quote each value that has ~: "~..."'
+    return f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line {fix}"
 
 
 def invalid(key: str, value: tp.Any, hint: tp.Any, override: bool = False) -> ConfigError:

@@ -35,7 +35,7 @@ def cli(app_file: str | None = None) -> None:
     if "--version" in sys.argv[1:]:  # Hydra's own --version would answer with Hydra's version
         print(version_line())
         raise SystemExit(0)
-    sys.argv[1:] = argv.for_user_config(sys.argv[1:])
+    sys.argv[1:] = argv.hydra_flags_first(argv.for_user_config(sys.argv[1:]))
     refuse_unselected_sections(app_file or __file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` alone: one line
     try:
         # an unknown key or a wrong type while Hydra composes: one line

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from automodel_hydra import cli
+from automodel_hydra.argv import hydra_flags_first
 from automodel_hydra.backends.interactive import free_port
 from automodel_hydra.states import JobState
 from tests.helpers import ROOT, broken_model_dir, train_py
@@ -566,3 +567,15 @@ def test_ctrl_c_stop_line_names_what_keeps_running_and_how_to_cancel_it(tmp_path
     assert driver._stop_summary([remote], {"slurm": running}, None, StopRequested(2)) == (
         f"waiting (Ctrl-C); slurm job 42 keeps running: cancel with automodel-hydra cancel {tmp_path / 'S'}; "
         f"no checkpoint yet in {tmp_path / 'S' / 'checkpoints'}")
+
+
+def test_hydra_flags_work_anywhere_on_the_command_line(tmp_path: Path) -> None:
+    """``-m`` (or ``--cfg job``) after an override ended Hydra's override list: argparse then refused the rest as
+    "unrecognized arguments", listing the arguments this project adds. A flag works wherever it is written."""
+    assert hydra_flags_first(["a=1", "-m", "b=1,2", "--cfg", "job", "-cd=D"]) == [
+        "-m", "--cfg", "job", "-cd=D", "a=1", "b=1,2"]
+    sweep = tmp_path / "multirun"
+    proc = train_py("launcher=slurm", "slurm.partition=debug", "-m", "seed=1,2", "dry_run=true",
+                    "slurm.snapshot=none", f"hydra.sweep.dir={sweep}")
+    assert "unrecognized arguments" not in proc.stdout
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1"]

@@ -4,6 +4,8 @@ the section's keys where short; for a type, the key, the value and the expected 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from automodel_hydra import config, driver
@@ -96,10 +98,11 @@ def test_a_users_file_with_a_value_of_the_wrong_shape_gets_the_key(tmp_path, sec
 
 
 @pytest.mark.parametrize("override", ["checkpoint.checkpoint_dir=~/ckpt", "model.pretrained_model_name_or_path=~/m"])
-def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_quoted_form(tmp_path, override: str) -> None:
+def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_forms_to_write(tmp_path, override: str) -> None:
     """Hydra's override grammar has ``~`` only as a key's delete prefix: ``key=~/x`` was Hydra's
-    ``LexerNoViableAltException`` and a caret line. Now one line naming the override and the quoted form to write,
-    which Hydra's own parser reads as the value meant (as a shell passes it)."""
+    ``LexerNoViableAltException`` and a caret line. Now one line naming the override and the forms to write: the
+    path written out (no shell and no AutoModel recipe expands a quoted ``~``) and the quoted form for a literal
+    ``~``, which Hydra's own parser reads as meant (as a shell passes them)."""
     import shlex
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -113,9 +116,15 @@ def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_quoted_form(tmp_path,
     assert proc.returncode == 2, proc.stdout[-2000:]
     line = _last(proc)
     assert line.startswith(f"error: {override}: Hydra's override grammar does not accept an unquoted ~ in a value; "
-                           "on the command line quote the value: '"), line
+                           "on the command line write the path out: "), line
     assert "Lexer" not in proc.stdout and "Traceback" not in proc.stdout and "^" not in proc.stdout
     key, _, value = override.partition("=")
-    (quoted,) = shlex.split(line.split("quote the value: ", 1)[1].split(" (or", 1)[0])
-    parsed = OverridesParser.create().parse_override(quoted)
+    # the path written out (a quoted ~ would reach AutoModel's recipe as a literal ~), and the quoted form for a
+    # literal ~, each read by Hydra's own parser as a shell passes it
+    written = line.split("write the path out: ", 1)[1].split(" (", 1)[0]
+    (quoted,) = shlex.split(line.split("for a literal ~: ", 1)[1])
+    parser = OverridesParser.create()
+    assert (parser.parse_override(written).key_or_group, parser.parse_override(written).value()) == (
+        key, os.path.expanduser(value))
+    parsed = parser.parse_override(quoted)
     assert (parsed.key_or_group, parsed.value()) == (key, value)
