@@ -36,6 +36,7 @@ import re
 import sys
 import traceback
 import typing as tp
+import warnings
 from pathlib import Path
 
 from automodel_hydra.schema import ConfigError
@@ -113,6 +114,26 @@ def _tilde_line(override: str, lines: list[str]) -> str | None:
     else:
         fix = 'write each home path out ($HOME/...), or quote each value that has ~: "~..."'
     return f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line {fix}"
+
+
+def one_line_warnings() -> None:
+    """Print a warning this package raises as one line, ``warning: <message>`` (as errors are ``error: ...``),
+    instead of Python's two (``<file>:<line>: UserWarning: <message>`` and the source line): its message names
+    the key and what to do, and our source line tells a user nothing. Other packages' warnings keep Python's
+    format. Replaces :func:`warnings.formatwarning`, which the warnings module documents as replaceable."""
+    default = warnings.formatwarning
+    if getattr(default, "_automodel_hydra", False):
+        return
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+        if os.path.abspath(filename).startswith(package):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    formatwarning._automodel_hydra = True  # type: ignore[attr-defined]
+    warnings.formatwarning = formatwarning
 
 
 def invalid(key: str, value: tp.Any, hint: tp.Any, override: bool = False) -> ConfigError:

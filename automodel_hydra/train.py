@@ -32,6 +32,7 @@ def cli(app_file: str | None = None) -> None:
     """Run the app on ``sys.argv``: an AutoModel-style ``--config F.yaml`` becomes Hydra's shape
     (:mod:`automodel_hydra.argv`), and a launcher key set without its ``launcher=`` choice fails in one line.
     ``--version`` prints this package's version line (:func:`automodel_hydra.version_line`), not Hydra's."""
+    errors.one_line_warnings()
     if "--version" in sys.argv[1:]:  # Hydra's own --version would answer with Hydra's version
         print(version_line())
         raise SystemExit(0)

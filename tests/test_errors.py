@@ -128,3 +128,14 @@ def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_forms_to_write(tmp_pa
         key, os.path.expanduser(value))
     parsed = parser.parse_override(quoted)
     assert (parsed.key_or_group, parsed.value()) == (key, value)
+
+
+def test_our_warning_is_one_line(tmp_path) -> None:
+    """A warning of ours printed as Python prints one: ``.../slurm.py:620: UserWarning: ...`` and then our source
+    line. It is one line, ``warning: <message>``, as an error is ``error: <message>``."""
+    proc = train_py("launcher=slurm", "slurm.partition=debug", "++slurm.command=my.sh", "slurm.snapshot=none",
+                    "dry_run=true", f"hydra.run.dir={tmp_path / 'R'}")
+    lines = proc.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if "slurm.command" in line and "ignored" in line]
+    assert lines[at].startswith("warning: slurm.command is set by AutoModel's own CLI"), lines[at]
+    assert "UserWarning" not in proc.stdout and not lines[at + 1].startswith("  ")
