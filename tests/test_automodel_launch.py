@@ -34,7 +34,8 @@ def test_automodel_yaml_runs_unchanged_through_our_launcher_and_resumes(tiny_lla
     assert first.returncode == 0, first.stdout[-4000:]
     # the dependency lines automodel_hydra.quiet filters: none from the driver, torchrun or either rank
     printed = first.stdout + "".join(p.read_text(errors="replace") for p in run.rglob("*.log"))
-    for fragment in [*NOISE.values(), "extended ALLOWED_"]:
+    # (not pynvml's deprecation: torchrun's own agent process imports torch before any code of ours runs in it)
+    for fragment in [*(v for v in NOISE.values() if "pynvml" not in v), "extended ALLOWED_"]:
         assert fragment not in printed, printed[-4000:]
     spec = (run / "launch" / "job.yaml").read_text()
     assert "recipe: TrainFinetuneRecipeForNextTokenPrediction" in spec and "slurm" not in spec
