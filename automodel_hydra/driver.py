@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, errors, paths, profile, stops, yaml11
+from automodel_hydra import backends, config, errors, paths, prestart, profile, stops, yaml11
 from automodel_hydra.plan import (
     MANIFEST_FILE,
     Backend,
@@ -229,6 +229,7 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                 if path.suffix == ".sh":
                     path.chmod(0o777 & ~current_umask())  # executable for whom the umask lets read it
     if dry:
+        prestart.discard()  # torchrun's agent, if it was started early, has nothing to run
         for _, groups, _ in batches:
             for batch in groups:
                 print(render_files(batch.files), flush=True)
@@ -244,6 +245,7 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                 subs[sub.plan.job.job_dir] = sub
                 write_record(sub)
                 _announce(sub)
+    prestart.discard()  # the early torchrun agent: the interactive backend took it for a single run, or nobody does
     for o in outcomes:
         o.sub = subs.get(o.prepared.job.job_dir)
     if sweep_dir is not None and subs:

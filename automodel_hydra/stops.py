@@ -30,6 +30,8 @@ import typing as tp
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+#: The script of torchrun's agent when it was started early (automodel_hydra.prestart): its argv[1] in /proc.
+_EARLY_AGENT = "/automodel_hydra/prestart.py"
 
 #: Seconds a stopped local job's ranks get to checkpoint and exit before what is left is killed (the default of
 #: ``interactive.kill_wait_s``: slurm.conf(5) ``KillWait`` defaults to 30 s, the bound a Slurm job gets).
@@ -148,7 +150,8 @@ def describe(pid: int) -> str:
                 rank = item[5:].decode(errors="replace")
     if "automodel_hydra.worker" in words and rank is not None:
         return f"rank {rank} (pid {pid})"
-    if "torch.distributed.run" in words or any(w.endswith("/torchrun") for w in words[:2]):
+    if ("torch.distributed.run" in words or any(w.endswith("/torchrun") for w in words[:2])
+            or (len(words) > 1 and words[1].endswith(_EARLY_AGENT))):
         return f"torchrun (pid {pid})"
     name = next((w for w in words if not w.startswith("-")), "?").rsplit("/", 1)[-1]
     if len(words) > 2 and words[1] == "-m":

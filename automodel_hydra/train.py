@@ -12,6 +12,11 @@ import gc
 import sys
 from pathlib import Path
 
+if __name__ == "__main__":  # torchrun's agent starts now, beside Hydra's start-up (automodel_hydra.prestart)
+    from automodel_hydra import prestart
+
+    prestart.start(sys.argv[1:])
+
 import hydra
 from omegaconf import DictConfig
 

@@ -393,21 +393,17 @@ def cpu(r: Run) -> float:
 
 
 def planned_command(script: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that a planned ``launch/torchrun.sh`` would ``exec``: bash runs the script with its
-    ``exec`` turned into a NUL-separated print of the expanded command, then prints its environment; so whatever
-    the script exports or expands (PYTHONPATH, the rendezvous port variable) is exactly what B gets, minus the
-    bash hop. The rendezvous port is given as both MASTER_PORT and AUTOMODEL_RDZV_PORT."""
-    lines = script.splitlines()
-    n = sum(1 for ln in lines if ln.startswith("exec "))
-    if n != 1:
-        raise RuntimeError(f"expected one 'exec' line in the planned torchrun.sh, found {n}")
-    body = "\n".join("printf '%s\\0' " + ln[len("exec "):] + "; printf '\\1'; env -0" if ln.startswith("exec ") else ln
-                     for ln in lines)
+    """The argv and environment that a planned ``launch/torchrun.sh`` would ``exec``
+    (:func:`automodel_hydra.prestart.planned_exec`: bash runs the script up to its ``exec``, so whatever it exports
+    or expands, PYTHONPATH and the rendezvous port variable included, is exactly what B gets, minus the bash hop).
+    The rendezvous port is given as both MASTER_PORT and AUTOMODEL_RDZV_PORT."""
+    from automodel_hydra.prestart import planned_exec
+
     env = dict(os.environ, MASTER_PORT=str(port), AUTOMODEL_RDZV_PORT=str(port))
-    out = subprocess.run(["bash", "-c", body], env=env, capture_output=True, check=True).stdout.decode()
-    argv_part, _, env_part = out.partition("\1")
-    argv = argv_part.split("\0")[:-1]
-    env_out = dict(kv.split("=", 1) for kv in env_part.split("\0") if "=" in kv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "torchrun.sh"
+        path.write_text(script)
+        argv, env_out, _ = planned_exec(path, env, None)
     return argv, env_out
 
 
@@ -450,7 +446,7 @@ def launch_figures(t: PairTask, dry: Run) -> list[Figure]:
     firsts_b = [b.first_step_s for _, b in t.pairs if b.first_step_s is not None]
     hwm = [a.self_hwm_mb for a, _ in t.pairs if a.self_hwm_mb]
     n = f"{len(t.pairs)} pairs"
-    # the driver's own share of A, timed directly: start -> torchrun spawned, plus torchrun gone -> exit
+    # the time A has no child: start -> first child, plus last child gone -> exit (the early agent starts first)
     direct = [a.child_s[0] + (a.wall_s - a.child_s[1]) for a, _ in t.pairs if a.child_s]
     pre = [a.child_s[0] for a, _ in t.pairs if a.child_s]
     b_med = t.med(1, wall)
@@ -459,10 +455,10 @@ def launch_figures(t: PairTask, dry: Run) -> list[Figure]:
                f"bare torchrun {t.med(1, wall):.1f}s", n, spread(ratios)),
         Figure("launch_overhead_s", median(diffs), "A - B, wall", "", n, spread(diffs)),
         Figure("launch_driver_overhead_s", median(direct) if direct else None,
-               f"driver alone: start->spawn {median(pre):.2f}s + torchrun exit->exit" if pre else "", "", n,
+               f"start->first child {median(pre):.2f}s + last child gone->exit" if pre else "", "", n,
                spread(direct) if direct else ""),
         Figure("launch_overhead_ratio_direct", (b_med + median(direct)) / b_med if direct else None,
-               "(B + driver alone) / B", "", n, "noise-robust cross-check"),
+               "(B + driver alone) / B", "", n, "no cross-check with the early agent (benchmarks/README.md)"),
         Figure("launch_cpu_ratio", median(cpu_ratios), f"{t.med(0, cpu):.1f} cpu-s", f"{t.med(1, cpu):.1f} cpu-s", n,
                spread(cpu_ratios)),
         Figure("driver_cpu_s", median([a.self_cpu_s for a, _ in t.pairs if a.self_cpu_s is not None]),

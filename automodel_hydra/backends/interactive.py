@@ -38,7 +38,7 @@ import typing as tp
 from concurrent.futures import Future
 from pathlib import Path
 
-from automodel_hydra import fault_tolerance, stops
+from automodel_hydra import fault_tolerance, prestart, stops
 from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
@@ -278,8 +278,10 @@ def job_running(job_dir: Path) -> bool:
 class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
-    def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int]) -> None:
+    def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int],
+                 agent: prestart.Pending | None = None) -> None:
         self.plans, self.quiet, self.locks = plans, quiet, locks
+        self.agent = agent  # torchrun's agent, started early, for the one job of a single run
         self.stamps = [error_stamps(p.job) for p in plans]  # what an earlier launch left (rank_error)
         first = plans[0].request
         # what the environment already allows (CUDA_VISIBLE_DEVICES, the affinity mask) is what jobs share
@@ -355,9 +357,15 @@ class _Scheduler:
                      f", devices {devices}" if packed else "")
         script = _script(plan)
         out = open(plan.job.launch_dir / _out_name(plan), "ab") if self.quiet else None  # noqa: SIM115
-        proc = subprocess.Popen(["bash", str(plan.job.launch_dir / script)], env=env, stdout=out, stderr=out,
-                                start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
-                                cwd=plan.request.workdir)
+        agent, self.agent = self.agent, None
+        proc = agent.hand_over(plan.job.launch_dir / script, env, plan.request.workdir, (self.locks[i],)) if (
+            agent is not None and out is None and preexec is None) else None
+        if proc is None:
+            if agent is not None:
+                agent.kill()
+            proc = subprocess.Popen(["bash", str(plan.job.launch_dir / script)], env=env, stdout=out, stderr=out,
+                                    start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
+                                    cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
         plan.job.pid_file.write_text(f"{proc.pid}\n")
         self.procs[i] = proc
@@ -584,7 +592,8 @@ class Interactive(Backend[Request, LocalRef, Devices]):
                 os.close(fd)
             raise
         started = time.time()
-        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks)
+        single = len(plans) == 1 and plans[0].job.call is None
+        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks, agent=prestart.take() if single else None)
         self._schedulers.append(sched)
         sched.start()
         subs = []
