@@ -5,13 +5,6 @@ The app itself is :mod:`automodel_hydra.train` (what an installed ``automodel-hy
 calls it.
 """
 
-import sys
-
-if __name__ == "__main__":  # torchrun's agent starts now, beside Hydra's start-up (automodel_hydra.prestart)
-    from automodel_hydra import prestart
-
-    prestart.start(sys.argv[1:])
-
 from automodel_hydra.train import cli, main
 
 __all__ = ["main"]

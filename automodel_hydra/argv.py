@@ -1,6 +1,8 @@
-"""Command lines that name a config file of the user's own (an AutoModel YAML, unchanged), adapted for Hydra.
+"""The command line, read once: Hydra's own flags (:data:`HYDRA_FLAGS`, the one table; :func:`parse`, the one
+parser), and command lines that name a config file of the user's own (an AutoModel YAML, unchanged), adapted for
+Hydra.
 
-Both shapes run the file with our launcher and output dirs, without a line added to the file:
+The two shapes that name a user's file run it with our launcher and output dirs, without a line added to it:
 
 * ``python train.py --config-dir D --config-name F [overrides]`` (Hydra's own shape);
 * ``automodel-hydra F.yaml [--a.b=c | a.b=c ...] [-m]`` (AutoModel's CLI shape: ``automodel cfg.yaml --a.b=c``),
@@ -23,13 +25,20 @@ from pathlib import Path
 
 from automodel_hydra.schema import UserError
 
-#: Our default dirs (conf/hydra/automodel.yaml has the same for the bundled config).
-RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}-${automodel_uid:}"
-SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}-${automodel_uid:}"
+#: Our output dirs' one home: the bundled config's ``hydra`` group, which a user's file runs with too.
+HYDRA_DIRS = Path(__file__).resolve().parent / "conf" / "hydra" / "automodel.yaml"
+
+
+def default_dirs() -> tuple[str, str]:
+    """Our default ``(hydra.run.dir, hydra.sweep.dir)``, as :data:`HYDRA_DIRS` writes them (unresolved)."""
+    import yaml
+
+    dirs = yaml.safe_load(HYDRA_DIRS.read_text())
+    return str(dirs["run"]["dir"]), str(dirs["sweep"]["dir"])
 
 
 def _names_user_config(argv: list[str]) -> bool:
-    return any(a in ("--config-name", "-cn") or a.startswith(("--config-name=", "-cn=")) for a in argv)
+    return parse(argv).given("--config-name") is not None
 
 
 #: Our config groups (``conf/``), which a user's file has no defaults-list entry for unless it names them.
@@ -57,15 +66,17 @@ def for_user_config(argv: list[str]) -> list[str]:
     # a launcher's section routes the job there: its keys are set only where the file has it or the command line
     # chooses that launcher (else driver.refuse_unselected_sections says to add launcher=...)
     from automodel_hydra.automodel_resume import KEY as resume_key
-    from automodel_hydra.config import LAUNCHER_SECTIONS
+    from automodel_hydra.sections import LAUNCHER_SECTIONS
 
     chosen = {a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launcher=")}
     typed -= {s for s in LAUNCHER_SECTIONS if sections.get(s) is None and s not in chosen}
-    out = []
-    for a in argv:
-        key = a.split("=", 1)[0]
-        if a.startswith("--") and "=" in a and not a.startswith(("--config", "--cfg", "--package", "--info",
-                                                                    "--experimental")):
+    out: list[str] = []
+    for item in parse(argv).items:
+        if isinstance(item, Given):  # Hydra's own flag, as given
+            out += item.words
+            continue
+        a, key = item, item.split("=", 1)[0]
+        if a.startswith("--") and "=" in a:
             a = "++" + a[2:]  # AutoModel's --a.b=c
         elif _OVERRIDE.match(a) and not a.startswith(("+", "~")):
             if key in GROUPS and key not in in_defaults:
@@ -78,10 +89,11 @@ def for_user_config(argv: list[str]) -> list[str]:
         out.append("hydra/launcher=automodel")
     if "hydra/sweeper" not in keys:
         out.append("hydra/sweeper=automodel_basic")
+    run_dir, sweep_dir = default_dirs()
     if "hydra.run.dir" not in keys:
-        out.append(f"hydra.run.dir={RUN_DIR}")
+        out.append(f"hydra.run.dir={run_dir}")
     if "hydra.sweep.dir" not in keys:
-        out.append(f"hydra.sweep.dir={SWEEP_DIR}")
+        out.append(f"hydra.sweep.dir={sweep_dir}")
     return out
 
 
@@ -99,16 +111,12 @@ def _automodel(sections: dict[str, tp.Any]) -> bool:
 def _named_file(argv: list[str]) -> Path | None:
     """The user's config file that ``--config-dir D --config-name F`` (``-cd``/``-cn``, ``=`` forms) names, when it
     exists (``D/F.yaml``); None otherwise (Hydra then reports what it cannot find)."""
-    where: dict[str, str] = {}
-    for i, a in enumerate(argv):
-        name, eq, value = a.partition("=")
-        if name in ("--config-dir", "-cd", "--config-name", "-cn"):
-            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            where["dir" if name in ("--config-dir", "-cd") else "name"] = value
-    if "dir" not in where or "name" not in where:
+    line = parse(argv)
+    config_dir, config_name = line.value("--config-dir"), line.value("--config-name")
+    if config_dir is None or config_name is None:
         return None
-    name = where["name"] if where["name"].endswith(".yaml") else where["name"] + ".yaml"
-    file = Path(where["dir"]).expanduser() / name
+    name = config_name if config_name.endswith(".yaml") else config_name + ".yaml"
+    file = Path(config_dir).expanduser() / name
     return file if file.is_file() else None
 
 
@@ -133,12 +141,13 @@ def _default_groups(defaults: tp.Any) -> set[str]:
 def _typed_sections(sections: dict[str, tp.Any]) -> set[str]:
     """Top-level keys of a user's file that our schema types (``automodel_hydra.config``): every ``TrainConfig``
     field for a file of the bundled recipe (no ``recipe:``), else the sections this product reads whatever the
-    recipe (``LAUNCH_KEYS``) and ``seed``."""
+    recipe (:data:`automodel_hydra.sections.LAUNCH_KEYS`: ``seed`` among them), ``recipe:`` itself aside."""
     from automodel_hydra import config
+    from automodel_hydra.sections import LAUNCH_KEYS, SECTIONS
 
     if sections.get("recipe") is None:
-        return {f.name for f in dataclasses.fields(config.TrainConfig)} - {"recipe_sections"}
-    return {k for k in config.LAUNCH_KEYS if k != "recipe"}
+        return {f.name for f in dataclasses.fields(config.TrainConfig) if SECTIONS.get(f.name) != "filled"}
+    return {k for k in LAUNCH_KEYS if SECTIONS[k] != "recipe"}
 
 
 def from_file(path: str, rest: list[str]) -> list[str]:
@@ -180,6 +189,148 @@ def config_dir_of(file: Path) -> Path:
     return home
 
 
+# ----------------------------------------------------------------------------------------------- Hydra's flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One of Hydra's command-line flags: its names (the long one first) and what follows it."""
+
+    names: tuple[str, ...]
+    #: it takes a value: ``--name VALUE`` or ``--name=VALUE``
+    value: bool = False
+    #: an optional value, taken only when the next word is one of these (argparse's ``nargs="?"`` with choices)
+    choices: tuple[str, ...] = ()
+    #: one of the modes a command runs in, of which Hydra takes one at a time
+    mode: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+#: Hydra's own command-line flags, the one table of them (Hydra 1.3's argument parser, ``get_args_parser`` in
+#: ``hydra/_internal/utils.py``, as ``python train.py --hydra-help`` lists it). ``-c`` is ``--cfg``; in AutoModel's
+#: CLI shapes (``automodel-hydra finetune llm -c FILE``) ``-c`` names the config file, and :func:`from_automodel_cli`
+#: reads it as that before this table.
+HYDRA_FLAGS = (
+    Flag(("--help", "-h")),
+    Flag(("--hydra-help",)),
+    Flag(("--version",)),
+    Flag(("--cfg", "-c"), value=True, mode=True),
+    Flag(("--resolve",)),
+    Flag(("--package", "-p"), value=True),
+    Flag(("--run", "-r"), mode=True),
+    Flag(("--multirun", "-m"), mode=True),
+    Flag(("--shell-completion", "-sc"), mode=True),
+    Flag(("--config-path", "-cp"), value=True),
+    Flag(("--config-name", "-cn"), value=True),
+    Flag(("--config-dir", "-cd"), value=True),
+    Flag(("--experimental-rerun",), value=True),
+    Flag(("--info", "-i"), choices=("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"), mode=True),
+)
+_FLAG_NAMED = {name: flag for flag in HYDRA_FLAGS for name in flag.names}
+
+
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """A Hydra flag as the command line gives it: the flag, its value (None: none given) and the words it took."""
+
+    flag: Flag
+    value: str | None
+    words: tuple[str, ...]
+
+
+def read_flag(argv: tp.Sequence[str], i: int) -> Given | None:
+    """The Hydra flag at ``argv[i]`` with its value (``--name VALUE`` or ``--name=VALUE``), or None when
+    ``argv[i]`` is not one of :data:`HYDRA_FLAGS` (an override, AutoModel's ``--a.b=c``). A value missing at the
+    end of the line is None (Hydra's parser then says so)."""
+    word = argv[i]
+    name, eq, value = word.partition("=")
+    flag = _FLAG_NAMED.get(name) if eq else _FLAG_NAMED.get(word)
+    if flag is None or eq and not (flag.value or flag.choices):
+        return None
+    if eq:
+        return Given(flag, value, (word,))
+    following = argv[i + 1] if i + 1 < len(argv) else None
+    if following is not None and (flag.value or following in flag.choices):
+        return Given(flag, following, (word, following))
+    return Given(flag, None, (word,))
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """A ``train.py`` command line (without the program), read once (:func:`parse`): ``items`` in their order,
+    each a :class:`Given` Hydra flag or another word (an override, AutoModel's ``--a.b=c``)."""
+
+    items: tuple[Given | str, ...]
+
+    @property
+    def flags(self) -> list[Given]:
+        return [item for item in self.items if isinstance(item, Given)]
+
+    @property
+    def words(self) -> list[str]:
+        """Every word that is not a Hydra flag or its value, in order."""
+        return [item for item in self.items if isinstance(item, str)]
+
+    @property
+    def overrides(self) -> list[str]:
+        """The overrides (``key=value``, ``+key=v``, ``~key``: words not starting with ``-``), in order."""
+        return [w for w in self.words if not w.startswith("-")]
+
+    def given(self, name: str) -> Given | None:
+        """The flag whose long name is ``name`` (``--multirun``), as given last; None when it is not given."""
+        return next((g for g in reversed(self.flags) if g.flag.name == name), None)
+
+    def value(self, name: str) -> str | None:
+        given = self.given(name)
+        return None if given is None else given.value
+
+    def hydra_order(self) -> list[str]:
+        """The words in the order Hydra's parser reads them all: the flags first (each with its value), then the
+        other words; a flag whose value is optional and not given comes last (before an override, argparse would
+        take the override for its value)."""
+        late = [g for g in self.flags if g.flag.choices and g.value is None]
+        first = [w for g in self.flags if g not in late for w in g.words]
+        return first + self.words + [w for g in late for w in g.words]
+
+    def usage_problem(self) -> str | None:
+        """Hydra's rules for its flags, which it reports as a traceback: one line, or None when they hold. More than
+        one mode (``--run``, ``--multirun``, ``--cfg``, ``--info``, ``--shell-completion``: "Only one of ... can be
+        specified"), and ``--resolve`` without ``--cfg`` or ``--help`` (``_run_hydra``, hydra/_internal/utils.py)."""
+        modes = {g.flag.name: " ".join(g.words) for g in self.flags if g.flag.mode}
+        if len(modes) > 1:
+            return (f"{' and '.join(modes.values())}: Hydra runs one of --run, --multirun, --cfg, --info, "
+                    "--shell-completion at a time: keep one")
+        if self.given("--resolve") and not (self.given("--cfg") or self.given("--help")):
+            return "--resolve: it applies to --cfg or --help only: add --cfg job (or drop --resolve)"
+        return None
+
+
+def parse(argv: tp.Sequence[str]) -> CommandLine:
+    """The command line ``argv`` (without the program), Hydra's flags told apart (:data:`HYDRA_FLAGS`)."""
+    items: list[Given | str] = []
+    i = 0
+    while i < len(argv):
+        given = read_flag(argv, i)
+        items.append(argv[i] if given is None else given)
+        i += 1 if given is None else len(given.words)
+    return CommandLine(tuple(items))
+
+
+def hydra_flags_first(argv: list[str]) -> list[str]:
+    """``argv`` (without the program) with Hydra's own flags (``-m``, ``--cfg job``, ``-cd D`` ...) moved before
+    the overrides, each flag's value with it, order otherwise kept: ``a=1 -m b=1,2`` -> ``-m a=1 b=1,2``
+    (:meth:`CommandLine.hydra_order`).
+
+    Hydra reads its command line with argparse, where the overrides are one positional list (``nargs="*"``): an
+    option between two overrides ends that list, and the overrides after it are "unrecognized arguments"
+    (Python's argparse docs, ``parse_intermixed_args``, which Hydra does not use). Here a flag may come anywhere,
+    as the README's usage lines write it."""
+    return parse(argv).hydra_order()
+
+
 # ----------------------------------------------------------------------------------------------- AutoModel's CLI
 
 #: AutoModel's older CLI (``automodel <command> <domain> -c FILE``, ``nemo_automodel/_cli/app.py`` up to the
@@ -198,36 +349,8 @@ COMMAND_RECIPES = {
 COMMANDS = ("finetune", "pretrain", "kd", "benchmark")
 DOMAINS = ("llm", "vlm")
 _NPROC = ("--nproc-per-node", "--nproc_per_node")
-#: Hydra's own flags, passed on as they are (those in the second set take a value)
-_HYDRA_FLAGS = frozenset({"-m", "--multirun", "-h", "--help", "--hydra-help", "--resolve", "-r", "--run",
-                          "--version", "-i", "--info"})
-_HYDRA_VALUE_FLAGS = frozenset({"--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
-                                "--config-dir", "--experimental-rerun", "-sc", "--shell-completion"})
+#: an override: ``key=value``, ``+key=v``, ``++key=v``, ``~key=v``, a group choice ``a/b=c``
 _OVERRIDE = re.compile(r"^[~+]*[A-Za-z_@][\w.\-/@]*=")
-
-
-def hydra_flags_first(argv: list[str]) -> list[str]:
-    """``argv`` (without the program) with Hydra's own flags (``-m``, ``--cfg job``, ``-cd D`` ...) moved before
-    the overrides, each flag's value with it, order otherwise kept: ``a=1 -m b=1,2`` -> ``-m a=1 b=1,2``.
-
-    Hydra reads its command line with argparse, where the overrides are one positional list (``nargs="*"``): an
-    option between two overrides ends that list, and the overrides after it are "unrecognized arguments"
-    (Python's argparse docs, ``parse_intermixed_args``, which Hydra does not use). Here a flag may come anywhere,
-    as the README's usage lines write it."""
-    flags: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a in _HYDRA_FLAGS or a.split("=", 1)[0] in _HYDRA_VALUE_FLAGS and "=" in a:
-            flags.append(a)
-        elif a in _HYDRA_VALUE_FLAGS and i + 1 < len(argv):
-            flags += argv[i:i + 2]
-            i += 1
-        else:
-            rest.append(a)
-        i += 1
-    return flags + rest
 
 
 class UsageError(UserError, ValueError):
@@ -281,12 +404,12 @@ def from_automodel_cli(argv: list[str]) -> list[str]:
                 raise UsageError(f"{a} needs a number of ranks: {a} N")
             nproc, i = (value, i + 1) if eq else (tp.cast(str, nxt), i + 2)
             continue
-        if a in _HYDRA_FLAGS or name in _HYDRA_VALUE_FLAGS and eq:
-            out.append(a)
-        elif a in _HYDRA_VALUE_FLAGS:
-            out += [a] + ([nxt] if nxt is not None else [])
-            i += 1
-        elif a.startswith("--") and len(a) > 2:  # AutoModel's --a.b=c, --a.b c, --flag
+        given = read_flag(argv, i)
+        if given is not None:  # Hydra's own, passed on as given
+            out += given.words
+            i += len(given.words)
+            continue
+        if a.startswith("--") and len(a) > 2:  # AutoModel's --a.b=c, --a.b c, --flag
             if eq:
                 out.append(f"++{name[2:]}={value}")
             elif nxt is not None and not nxt.startswith("-") and not _OVERRIDE.match(nxt) and not (
@@ -332,7 +455,9 @@ def from_automodel_cli(argv: list[str]) -> list[str]:
                          f"CLI did, automodel-hydra finetune llm -c {file} (or kd/benchmark/pretrain, llm/vlm), or "
                          "add a line recipe: TrainFinetuneRecipeForNextTokenPrediction")
     if nproc is not None:
-        launcher = next((s for s in ("slurm", "skypilot") if sections.get(s) is not None), None)
+        from automodel_hydra.sections import LAUNCHER_SECTIONS
+
+        launcher = next((s for s in LAUNCHER_SECTIONS if sections.get(s) is not None), None)
         if launcher is not None:
             where = "slurm.ntasks_per_node" if launcher == "slurm" else "skypilot.gpus_per_node"
             raise UsageError(f"--nproc-per-node sets the ranks of a local run, and {file} has a {launcher}: section "
@@ -361,8 +486,9 @@ def _looks_like_automodel(sections: dict[str, tp.Any]) -> bool:
     """Whether a file without ``recipe:`` holds sections only AutoModel's recipes read: a top-level section the
     bundled recipe does not have, or a ``_target_`` anywhere (AutoModel's loader instantiates them)."""
     from automodel_hydra.config import TrainConfig
+    from automodel_hydra.sections import SECTIONS
 
-    ours = {f.name for f in dataclasses.fields(TrainConfig)} | {"hydra", "defaults", "nemo_run"}
+    ours = {f.name for f in dataclasses.fields(TrainConfig)} | set(SECTIONS) | {"defaults"}  # Hydra's defaults list
 
     def targets(value: tp.Any) -> bool:
         if isinstance(value, dict):

@@ -1,8 +1,8 @@
 """Plan-time helpers for NeMo AutoModel YAML files, run on the submitting host before any rank starts.
 
 An AutoModel fine-tuning YAML mixes two kinds of top-level sections: the launcher's (``slurm``, ``skypilot``,
-``nemo_run``, ours: ``interactive``, ``launcher``, ``profile``, ``hydra``, ``dry_run``), which this product reads,
-and the recipe's (``recipe``, ``model``, ``dataset``, ``step_scheduler``, ``checkpoint`` ...), which only the
+``nemo_run`` and ours: :data:`automodel_hydra.sections.NEVER_THE_RECIPES`), which this product reads, and the
+recipe's (``recipe``, ``model``, ``dataset``, ``step_scheduler``, ``checkpoint`` ...), which only the
 recipe reads, on the ranks, with AutoModel's own loader.
 
 * :func:`split_sections` separates them (AutoModel's CLI likewise pops ``skypilot`` / ``nemo_run`` before the
@@ -25,10 +25,7 @@ from pathlib import Path
 
 from automodel_hydra import quiet
 from automodel_hydra.schema import UserError
-
-#: Top-level sections that belong to the launcher, never to an AutoModel recipe.
-LAUNCHER_SECTIONS = frozenset({"slurm", "skypilot", "nemo_run", "interactive", "fault_tolerance", "launcher",
-                               "profile", "hydra", "dry_run"})
+from automodel_hydra.sections import NEVER_THE_RECIPES
 
 #: The key AutoModel's model builders (``NeMoAutoModelFor*.from_pretrained``, ``NeMoAutoTokenizer``, the KD
 #: teacher) take a Hub id or local dir under.
@@ -121,8 +118,8 @@ def split_sections(cfg: Mapping[str, tp.Any]) -> tuple[dict[str, tp.Any], dict[s
     taken without resolving interpolations, so ``${VAR}`` stays for AutoModel's loader). Both keep the input's key
     order; a dict's values are its own objects (not copies), a DictConfig's become plain containers."""
     items = _items(cfg)
-    launcher = {k: v for k, v in items if k in LAUNCHER_SECTIONS}
-    recipe = {k: v for k, v in items if k not in LAUNCHER_SECTIONS}
+    launcher = {k: v for k, v in items if k in NEVER_THE_RECIPES}
+    recipe = {k: v for k, v in items if k not in NEVER_THE_RECIPES}
     return launcher, recipe
 
 

@@ -39,13 +39,14 @@ import os
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.paths import POINTER
+from automodel_hydra.paths import METADATA, POINTER
 from automodel_hydra.schema import ConfigError
 
 #: AutoModel's pointer to the newest complete checkpoint in a checkpoint dir (``lifecycle.py``).
 AUTOMODEL_POINTER = "LATEST"
-#: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``).
-DEFAULT_CHECKPOINT_DIR = "checkpoints/"
+#: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``,
+#: ``nemo_automodel/components/checkpoint/config.py``; its recipe then checkpoints there, relative to the cwd).
+AUTOMODEL_CHECKPOINT_DIR = "checkpoints/"
 #: This project's resume key, and AutoModel's.
 KEY, _AM_KEY = "restore_from.path", "checkpoint.restore_from"
 _VALID = ("'latest' (the newest checkpoint in checkpoint.checkpoint_dir), D/latest (the job's own newest, else "
@@ -155,7 +156,7 @@ def host_problems(sections: tp.Mapping[str, tp.Any], own: str | os.PathLike | No
     p = Path(req.value)
     if not p.is_dir():
         return [ConfigError(req.key, req.value, f"no such directory here, where the ranks run; valid: {_VALID}")]
-    if (p / ".metadata").is_file() and not (p / "model").is_dir():
+    if (p / METADATA).is_file() and not (p / "model").is_dir():
         return [ConfigError(req.key, req.value, "a checkpoint of the bundled recipe (step-N, .metadata), which "
                             "AutoModel's recipe cannot load; valid: an AutoModel epoch_E_step_N dir")]
     steps = sorted(q.name for q in p.glob("*step_*") if q.is_dir())
@@ -205,7 +206,7 @@ def checkpoint_dir(sections: tp.Mapping[str, tp.Any]) -> str:
     """``checkpoint.checkpoint_dir`` as AutoModel reads it (its default when left out)."""
     ckpt = sections.get("checkpoint")
     value = ckpt.get("checkpoint_dir") if isinstance(ckpt, dict) else None
-    return str(value) if value is not None else DEFAULT_CHECKPOINT_DIR
+    return str(value) if value is not None else AUTOMODEL_CHECKPOINT_DIR
 
 
 def resolve(sections: tp.Mapping[str, tp.Any],

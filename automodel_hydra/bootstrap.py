@@ -328,6 +328,36 @@ ENV_MAPS: dict[str, EnvMap] = {
 }
 
 
+#: What an elastic agent (torchrun, ft_launcher) sets in each rank it starts, and the ``env://`` variables: left in a
+#: shell (a notebook started under torchrun, an earlier job's leftovers), they are never passed to a job's agent
+#: or ranks (the agent sets its own).
+AGENT_VARS = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                        "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
+                        "FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET"})
+AGENT_PREFIXES = ("TORCHELASTIC_",)
+#: What a scheduler sets in the jobs it runs: kept out of a job this shell submits to a scheduler (Slurm), whose
+#: own values the job gets.
+SCHEDULER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SUBMITIT_", "SKYPILOT_")
+
+
+def is_launcher_var(name: str, schedulers: bool = True) -> bool:
+    """Whether ``name`` is one of the variables a launcher sets in the processes it starts (:data:`AGENT_VARS`,
+    ``TORCHELASTIC_*``; with ``schedulers`` also Slurm's, submitit's and SkyPilot's)."""
+    return (name in AGENT_VARS or name.startswith(AGENT_PREFIXES)
+            or (schedulers and name.startswith(SCHEDULER_PREFIXES)))
+
+
+#: The row of :data:`ENV_MAPS` for each way a plan starts a rank (the worker's ``--started-by``, :data:`STARTERS`):
+#: ft_launcher gives its ranks torchrun's variables; ``single`` is the one process of a one-rank job. A rank whose
+#: plan names its starter reads that row only: a variable of another launcher left in the environment
+#: (``TORCHELASTIC_RUN_ID`` from a notebook, ``SKYPILOT_NODE_RANK``) decides nothing.
+STARTED_BY = {"torchrun": "torchrun", "ft_launcher": "torchrun", "srun": "slurm", "single": "single"}
+#: Who starts a job's ranks, as the plan says (the worker's ``--started-by``): torchrun's agent, ft_launcher's,
+#: srun itself (one task per rank), or nothing (the only rank); and the scheduler it runs under (``--scheduler``).
+STARTERS = tuple(STARTED_BY)
+SCHEDULERS = ("local", "slurm", "skypilot")
+
+
 @dataclasses.dataclass(frozen=True)
 class DistEnv:
     """This task's place in the job. Ranks are 0-based; ``world_size`` = nodes x processes per node.
@@ -349,8 +379,10 @@ class DistEnv:
     master_port_from: str = "$MASTER_PORT"
 
     @classmethod
-    def from_environ(cls, environ: tp.Mapping[str, str] | None = None) -> DistEnv:
-        """Read the environment of whichever launcher started this task (``single`` when none did).
+    def from_environ(cls, environ: tp.Mapping[str, str] | None = None, started_by: str | None = None) -> DistEnv:
+        """This task's place, read from the variables of the launcher that started it: ``started_by`` (a key of
+        :data:`STARTED_BY`, from the job's plan), else (a rank started by hand) whichever launcher's variables are
+        set, in :data:`ENV_MAPS`' order (``single`` when none are).
 
         Raises
         ------
@@ -358,9 +390,20 @@ class DistEnv:
             A variable is missing (and nothing stands in for it) or out of range; the message names it and its value.
         """
         env = os.environ if environ is None else environ
-        for name, m in ENV_MAPS.items():
-            if m.detect in env:
-                return cls._from_map(name, m, env)
+        if started_by is not None:
+            if started_by not in STARTED_BY:
+                raise ValueError(f"started by {started_by!r}: expected one of {', '.join(STARTED_BY)}")
+            row = STARTED_BY[started_by]
+            if row != "single":
+                m = ENV_MAPS[row]
+                if m.detect not in env:
+                    raise ValueError(f"the job's plan has {started_by} start this rank, and ${m.detect}, which "
+                                     f"{started_by} sets in every rank, is not set: cannot place this task in the job")
+                return cls._from_map(row, m, env)
+        else:
+            for name, m in ENV_MAPS.items():
+                if m.detect in env:
+                    return cls._from_map(name, m, env)
         port, port_from = _port(env, None)
         addr = env.get("MASTER_ADDR", "127.0.0.1")
         return cls("single", 0, 0, 1, addr, port, master_addr_from="$MASTER_ADDR" if "MASTER_ADDR" in env else
@@ -450,10 +493,29 @@ def device_for(local_rank: int, cuda_device_count: int) -> str:
 
 
 class Distributed:
-    """The initialised process group of this task: ``env`` plus ``device``. Use as a context manager."""
+    """The initialised process group of this task: ``env`` plus ``device``. Use as a context manager.
+
+    ``step_log``: where :meth:`log` writes (:class:`automodel_hydra.metrics.StepLog`), set by
+    :func:`automodel_hydra.recipes.run_recipe` for a function recipe; ``logged``: the steps it logged, which are
+    a function recipe's progress where it trains without a torch optimizer (:mod:`automodel_hydra.failures`)."""
 
     def __init__(self, env: DistEnv, device: tp.Any) -> None:
         self.env, self.device = env, device
+        self.step_log: tp.Any = None
+        self.logged = 0
+
+    def log(self, step: int, **metrics: tp.Any) -> dict[str, tp.Any]:
+        """Log one step of a function recipe: on rank 0 one record ``{"step": step, **metrics, "time": ...}``
+        appended to the job's ``metrics.jsonl`` (the file the bundled recipe writes, which ``automodel-hydra
+        report`` draws and ``status`` reads) and a progress line in the job log; nothing on other ranks, so call it
+        on every rank alike (e.g. with a loss already averaged over ranks). Returns the record. Raises RuntimeError
+        outside a job's recipe, TypeError/ValueError for a step or metric that cannot be logged
+        (:meth:`automodel_hydra.metrics.StepLog.log`)."""
+        if self.step_log is None:
+            raise RuntimeError("dist.log: no job to log to (it is set up for a recipe function the worker runs)")
+        record = tp.cast(dict[str, tp.Any], self.step_log.log(step, **metrics))
+        self.logged += 1
+        return record
 
     # the recipe reads these directly
     @property
@@ -600,7 +662,7 @@ def rendezvous(env: DistEnv, timeout_s: float = DEFAULT_TIMEOUT_S) -> tp.Any:
     start = time.monotonic()
     addresses = check_rendezvous(env)
     here = socket.gethostname()
-    store = _attempt_store(env, timeout_s)
+    store = _attempt_store(env, timeout_s) if env.launcher == "torchrun" else None
     if store is None:
         if env.rank == 0 and not _is_local(addresses):
             log.warning("rank 0 runs on %s, but MASTER_ADDR=%s (from %s) resolves to %s, none of them an address of "

@@ -160,7 +160,9 @@ def _snapshot_paths(paths: tp.Sequence[str], environ: tp.Mapping[str, str]) -> l
     snapshot's source dir there, and ``AUTOMODEL_CODE_SRC``, its copy here: :mod:`automodel_hydra.snapshot`) an
     entry inside the source dir becomes the same dir in the copy where the copy has it, so the app's modules are
     unpickled from the submitted code."""
-    root, src = environ.get("AUTOMODEL_CODE_ROOT"), environ.get("AUTOMODEL_CODE_SRC")
+    from automodel_hydra.snapshot import CODE_ROOT_VAR, CODE_SRC_VAR
+
+    root, src = environ.get(CODE_ROOT_VAR), environ.get(CODE_SRC_VAR)
     if not root or not src:
         return list(paths)
     from automodel_hydra.snapshot import remap
@@ -173,6 +175,9 @@ def _snapshot_paths(paths: tp.Sequence[str], environ: tp.Mapping[str, str]) -> l
 
 
 def main(argv: tp.Sequence[str] | None = None) -> int:
+    from automodel_hydra import streams
+
+    streams.best_effort()  # the task function's prints: a reader that goes away never fails the job
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m automodel_hydra.call <job dir>/launch/call.pkl", file=sys.stderr)

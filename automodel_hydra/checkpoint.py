@@ -31,7 +31,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import shutil
 import typing as tp
 import warnings
@@ -48,6 +47,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from automodel_hydra.paths import METADATA as METADATA
 from automodel_hydra.paths import POINTER as POINTER
 from automodel_hydra.paths import pointer_dir as pointer_dir
+from automodel_hydra.paths import step_dir_name as step_dir_name
+from automodel_hydra.paths import step_of
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ MODEL_AND_OPTIM = "app"
 TRAIN_STATE = "train_state"
 #: Written into a step dir by rank 0 after the save finished; DCP's own index file is ``.metadata`` (METADATA).
 COMPLETE_MARKER = ".complete"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class ModelOptimState(Stateful):
@@ -93,10 +93,6 @@ def _single_process_ok() -> tp.Iterator[None]:
         yield
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step}"
-
-
 def is_complete(path: str | os.PathLike) -> bool:
     """True when ``path`` is a step dir with DCP's ``.metadata`` and this module's completion marker."""
     p = Path(path)
@@ -113,7 +109,7 @@ def _step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step-N`` dir, oldest first (complete or not)."""
     if not ckpt_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(step, p) for p in ckpt_dir.iterdir() if p.is_dir() and (step := step_of(p.name)) is not None]
     return sorted(found)
 
 
@@ -126,7 +122,7 @@ def find_latest(ckpt_dir: str | os.PathLike) -> Path | None:
     ckpt_dir = Path(ckpt_dir)
     try:
         name = (ckpt_dir / POINTER).read_text().strip()
-        if _STEP_DIR.match(name) and (ckpt_dir / name / METADATA).is_file():
+        if step_of(name) is not None and (ckpt_dir / name / METADATA).is_file():
             return ckpt_dir / name
         logger.warning("checkpoint pointer %s -> %r is not a complete checkpoint; scanning", ckpt_dir / POINTER, name)
     except OSError:
@@ -192,7 +188,7 @@ class CheckpointManager:
         if self.enabled:
             self._save(step, state)
 
-    def load(self, state: dict[str, tp.Any], path: str | os.PathLike | None = "latest") -> int:
+    def load(self, state: dict[str, tp.Any], path: str | os.PathLike | None = POINTER) -> int:
         """Restore ``state`` in place from ``"latest"`` (newest complete checkpoint in the dir), ``D/latest`` (the
         newest complete one of this dir, else of ``D``: :func:`resume_target`), a step dir, or None.
 

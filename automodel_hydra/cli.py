@@ -4,9 +4,10 @@
     automodel-hydra finetune llm -c FILE.yaml [--nproc-per-node N]   AutoModel's older CLI (kd|benchmark, vlm)
     automodel-hydra FILE.yaml --help        the file's launchers, keys and commands
     automodel-hydra runs                    past runs and sweeps here: dir, launcher, jobs, states, when
-    automodel-hydra status [DIR]            one row per job: number, overrides, backend, job id(s), state
+    automodel-hydra status [DIR]            one row per job: number, overrides, backend, job id(s), state, step
     automodel-hydra logs [DIR] [JOB]        follow a job's log until the job ends (--no-follow: print and exit)
     automodel-hydra cancel DIR [JOB]        cancel every job of DIR, or job number JOB
+    automodel-hydra resume DIR              run a sweep again: COMPLETED members kept, the others run again
     automodel-hydra report [DIR]            final metrics per job, and loss curves in DIR/report/loss.png
 
 DIR is a run dir (``launch/submission.json``) or a sweep dir (``launch/manifest.json``; without one, its jobs'
@@ -32,9 +33,10 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra import version_line
-from automodel_hydra.plan import LAUNCH_DIR, MANIFEST_FILE, RECORD_FILE, RESULT_FILE, launch_dir
+from automodel_hydra.plan import JOB_FILE, LAUNCH_DIR, MANIFEST_FILE, RECORD_FILE, RESULT_FILE, launch_dir
 from automodel_hydra.schema import UserError
 from automodel_hydra.states import JobState
+from automodel_hydra.stops import CTRL_C_EXIT
 
 Record = dict[str, tp.Any]
 
@@ -177,9 +179,10 @@ def job_ids(record: Record) -> list[str]:
 
 
 def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
-    """The overrides every job shares, and per job the ones that vary (what tells the jobs of a sweep apart)."""
+    """The overrides every job shares, and per job the ones that vary (what tells the jobs of a sweep apart;
+    ``"-"`` where none does: a single run's overrides are all shared)."""
     sets = [set(r.get("overrides", [])) for r in records]
-    common = set.intersection(*sets) if len(sets) > 1 else set()
+    common = set.intersection(*sets)
     shared = [o for o in records[0].get("overrides", []) if o in common]
     return shared, {job_num(r): " ".join(o for o in r.get("overrides", []) if o not in common) or "-" for r in records}
 
@@ -193,12 +196,22 @@ def varied_keys(records: list[Record]) -> list[str]:
     return [k for k in keys if len({job.get(k) for job in per_job}) > 1]
 
 
-def _table(title: str, shared: list[str]) -> tp.Any:
+def _table() -> tp.Any:
     from rich.table import Table
+
+    return Table()
+
+
+def _show(title: str, table: tp.Any, below: tp.Iterable[str] = ()) -> None:
+    """Print ``title``, ``table`` and the lines said once for the whole table (``every job: ...``). Each line is
+    printed whole, never markup: a terminal wraps it at its own width, a pipe keeps it one line (greppable)."""
     from rich.text import Text
 
-    caption = Text(f"every job: {' '.join(shared)}") if shared else None
-    return Table(title=Text(title), title_justify="left", caption=caption, caption_justify="left")
+    console = _console()
+    console.print(Text(title), soft_wrap=True)
+    console.print(table)
+    for line in below:
+        console.print(Text(line), soft_wrap=True)
 
 
 def _when(record: Record) -> str:
@@ -248,32 +261,48 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 0
     from rich.text import Text
 
-    table = _table(f"{len(rows)} newest run(s)/sweep(s) under {Path.cwd()}", [])
+    table = _table()
     for name in ("dir", "kind", "launcher", "jobs", "states", "when"):
         table.add_column(name, no_wrap=True, justify="right" if name == "jobs" else "left")
     for r in rows:
         table.add_row(Text(r["dir"]), r["kind"], r["launcher"], str(r["jobs"]), Text(r["_summary"]), r["when"])
-    _console().print(table)
+    _show(f"{len(rows)} newest run(s)/sweep(s) under {Path.cwd()}", table)
     return 0
 
 
 def fetch_remote(records: list[Record]) -> None:
-    """Bring back what jobs submitted through ``slurm.tunnel`` wrote (results, metrics, logs), so that what is
-    read here is what the jobs wrote there; a login node that cannot be reached leaves the copies as they are."""
-    remote = [r for r in records if (r.get("ref") or {}).get("remote")]
-    if remote:
-        from automodel_hydra.backends.slurm import fetch_records
+    """Bring back what jobs that ran elsewhere wrote (results, metrics, logs: a ``slurm.tunnel`` job's login node),
+    each through its backend (:meth:`~automodel_hydra.plan.Backend.fetch_results`), so that what is read here is
+    what the jobs wrote there; a cluster that cannot be reached leaves the copies as they are."""
+    from automodel_hydra import backends
 
-        fetch_records(remote)
+    by: dict[str, list[Record]] = {}
+    for rec in records:
+        by.setdefault(rec["backend"], []).append(rec)
+    for name, group in by.items():
+        impl = backends.get(name)
+        impl.fetch_results([(impl.ref_from_record(r), Path(r["job_dir"]), r.get("log_path")) for r in group])
 
 
-def remote_reader(record: Record) -> tp.Callable[[int], tuple[int, bytes] | None] | None:
-    """Reads the log of a job submitted through ``slurm.tunnel`` on its login node; None for any other job."""
-    if not (record.get("ref") or {}).get("remote"):
-        return None
-    from automodel_hydra.backends.slurm import Slurm, _remote_reader
+def log_reader(record: Record, path: Path) -> tp.Callable[[int], tuple[int, bytes] | None]:
+    """Reads the job's log from an offset where its backend says it is written
+    (:meth:`~automodel_hydra.plan.Backend.read_log`: this file, or a ``slurm.tunnel`` job's on its login node)."""
+    from automodel_hydra import backends
 
-    return _remote_reader(Slurm().ref_from_record(record))
+    impl = backends.get(record["backend"])
+    ref = impl.ref_from_record(record)
+    return lambda pos: impl.read_log(ref, path, pos)
+
+
+def attempts_of(record: Record, state: JobState) -> dict[str, tp.Any]:
+    """``{"attempts": [...], "goodput": g}`` of a job whose ranks write into its dir here (the ledger,
+    :mod:`automodel_hydra.ledger`; the scheduler's final state classes the last attempt), else empty."""
+    from automodel_hydra import backends, ledger
+
+    if not getattr(backends.get(record["backend"]), "ranks_write_job_dir", False):  # (as progress.backend_states)
+        return {}
+    slurm_state = state.value if state.final and state not in (JobState.COMPLETED, JobState.FAILED) else None
+    return ledger.summary(Path(record["job_dir"]) / LAUNCH_DIR, slurm_state=slurm_state, running=not state.final)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -285,29 +314,46 @@ def cmd_status(args: argparse.Namespace) -> int:
     shared, varying = split_overrides(records)
     rows = []
     for rec, info in zip(records, backend_states(records)):
+        # a pending job has logged nothing: its files are not read (a big sweep's status stays one query)
+        logged = last_logged(Path(rec["job_dir"])) if info.state is not JobState.PENDING else None
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
                      # the scheduler's name for it (sbatch --job-name, SkyPilot's task name; locally Hydra's)
                      "name": rec.get("job_name") or "-",
                      "job_ids": job_ids(rec), "state": info.state.value,
+                     "step": logged["step"] if logged else None,
+                     "loss": logged.get("loss") if logged and _number(logged.get("loss")) else None,
                      "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state)) if x),
                      "job_dir": rec["job_dir"]})
+        if args.json:
+            rows[-1].update(attempts_of(rec, info.state))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.text import Text  # plain text, never markup: overrides may hold "[...]"
 
-    table = _table(f"{root}: {len(rows)} job(s)", shared)
-    columns = ("job", "overrides", "backend", "name", "id", "state")
+    # what fits on a screen: the overrides column holds what tells the jobs apart, and what is the same for every
+    # job (its shared overrides, a reason the backend gave for all of them) is said once, below the table
+    notes = {r["note"] for r in rows}
+    common_note = notes.pop() if len(notes) == 1 else ""
+    table = _table()
+    any_step = any(r["step"] is not None for r in rows)
+    columns = ["job", *(["overrides"] if any(v != "-" for v in varying.values()) else []),
+               "backend", "name", "id", "state", *(["step", "loss"] if any_step else []),
+               *(["note"] if any(r["note"] for r in rows) and not common_note else [])]
     for name in columns:
-        table.add_column(name, no_wrap=name != "overrides", justify="right" if name == "job" else "left")
-    if any(r["note"] for r in rows):
-        table.add_column("note")
+        table.add_column(name, no_wrap=name not in ("overrides", "note"),
+                         justify="right" if name in ("job", "step", "loss") else "left")
     for r in rows:
-        cells = [str(r["job"]), varying[r["job"]], r["backend"], r["name"], ",".join(r["job_ids"]) or "-"]
-        notes = [r["note"]] if len(table.columns) > len(columns) else []
         state = JobState(r["state"])
-        table.add_row(*map(Text, cells), Text(state.value, style=_STYLE.get(state, "")), *map(Text, notes))
-    _console().print(table)
+        cells = {"job": Text(str(r["job"])), "overrides": Text(varying[r["job"]]), "backend": Text(r["backend"]),
+                 "name": Text(r["name"]), "id": Text(",".join(r["job_ids"]) or "-"),
+                 "state": Text(state.value, style=_STYLE.get(state, "")), "note": Text(r["note"]),
+                 "step": Text(_fmt(r["step"])), "loss": Text(_fmt(r["loss"]))}
+        table.add_row(*(cells[name] for name in columns))
+    sweep = len(rows) > 1
+    _show(f"{root}: {len(rows)} job(s)", table,
+          [*([f"{'every job' if sweep else 'overrides'}: {' '.join(shared)}"] if shared else []),
+           *([f"{'note for every job' if sweep else 'note'}: {common_note}"] if common_note else [])])
     return 0
 
 
@@ -323,30 +369,25 @@ def cmd_logs(args: argparse.Namespace) -> int:
                        f"(JOB in {', '.join(str(job_num(r)) for r in records)})")
     rec = records[0]
     path = Path(rec.get("log_path") or Path(rec["job_dir"]) / f"{rec.get('log_name', 'train')}.log")
-    return follow(path, rec, follow_=not args.no_follow, poll_s=args.poll, read=remote_reader(rec))
-
-
-def _read_local(path: Path) -> tp.Callable[[int], tuple[int, bytes] | None]:
-    def read(pos: int) -> tuple[int, bytes] | None:
-        if not path.is_file():
-            return None
-        if path.stat().st_size < pos:  # truncated or replaced (a requeued job): start over
-            pos = 0
-        with path.open("rb") as f:
-            f.seek(pos)
-            return pos, f.read()
-
-    return read
+    return follow(path, rec, follow_=not args.no_follow, poll_s=args.poll, read=log_reader(rec, path))
 
 
 def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 1.0,
            out: tp.TextIO | None = None, read: tp.Callable[[int], tuple[int, bytes] | None] | None = None) -> int:
     """Print ``path``; when following, keep printing what is appended until the job reaches a final state.
     ``read(pos)``: the log's bytes from ``pos`` as ``(offset, data)``, None while there is none (default: the
-    local file; a job of ``slurm.tunnel``: its log on the login node)."""
+    local file; :func:`log_reader`: where the job's backend says it is written).
+
+    While there is no log yet, the job's state and the scheduler's reason are printed to stderr, once and on each
+    change (``-- job 0: PENDING (BeginTime); no log yet at PATH``); a job that ends without ever writing one (one
+    cancelled while pending) ends the wait with a line saying so. Returns 0, or 1 when no log was found and the job
+    did not complete."""
+    from automodel_hydra.plan import read_from
+    from automodel_hydra.progress import backend_states
+
     out = out or sys.stdout
-    read = read or _read_local(path)
-    pos, state, checked, seen = 0, None, 0.0, False
+    read = read or (lambda pos: read_from(path, pos))
+    pos, state, checked, seen, shown = 0, None, 0.0, False, ("", "")
     try:
         while True:
             got = read(pos)
@@ -360,34 +401,73 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
             if not follow_ or (state is not None and state.final):
                 break
             if time.monotonic() - checked >= max(poll_s, 2.0):
-                state, checked = job_state(record)[0], time.monotonic()
+                info, checked = backend_states([record])[0], time.monotonic()
+                state, reason = info.state, info.reason
+                if not info.answered and not state.final:  # (the scheduler will not say when it ends)
+                    print(f"-- job {job_num(record)}: {state.value}, {reason}; not following it", file=sys.stderr)
+                    return 1
+                if not seen and not state.final and (state.value, reason) != shown:
+                    shown = (state.value, reason)
+                    note = f" ({_note(state, reason)})" if reason else ""
+                    print(f"-- job {job_num(record)}: {state.value}{note}; no log yet at {path}", file=sys.stderr,
+                          flush=True)
                 continue  # one more read after a final state, so no trailing line is lost
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        return 130
+        return CTRL_C_EXIT
     if not seen:
-        print(f"no log yet at {path} (job {job_num(record)}: {(state or job_state(record)[0]).value})",
-              file=sys.stderr)
+        final = state or job_state(record)[0]
+        if follow_ and final.final:
+            print(f"-- job {job_num(record)} ended {final.value} without writing a log (expected at {path})",
+                  file=sys.stderr)
+            return 0 if final is JobState.COMPLETED else 1
+        print(f"no log yet at {path} (job {job_num(record)}: {final.value})", file=sys.stderr)
         return 1
     if follow_ and state is not None:
         print(f"-- job {job_num(record)} ended {state.value} (log: {path})", file=sys.stderr)
     return 0
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
-    from automodel_hydra import backends
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Run the sweep's recorded command again in its recorded working dir, with ``hydra.sweep.dir`` pinned to
+    DIR: the launcher keeps the COMPLETED members and runs the others again (:mod:`automodel_hydra.resume`)."""
+    from automodel_hydra import resume
 
+    root = Path(args.dir).resolve()
+    refusal = resume.refusal(root)
+    if refusal is not None:
+        raise CliError(refusal)
+    definition = tp.cast(resume.Definition, resume.recorded_definition(resume.read_manifest(root)))
+    if not Path(definition.cwd).is_dir():
+        raise CliError(f"{root}: the sweep was launched from {definition.cwd}, which is gone; run its command "
+                       f"again from where its config is: {' '.join(resume.command(definition, root))}")
+    os.chdir(definition.cwd)
+    os.execv(sys.executable, [sys.executable, *resume.command(definition, root)])
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from automodel_hydra import backends, outcome
+    from automodel_hydra.progress import backend_states
+
+    status = 0
     for rec in select(load_records(resolve_dir(args.dir)), args.job):
-        state, _ = job_state(rec)
+        info = backend_states([rec])[0]
+        state = info.state
         impl = backends.get(rec["backend"])
         ref = impl.ref_from_record(rec)
         what = f"job {job_num(rec)} ({rec['backend']} {','.join(job_ids(rec)) or '-'})"
         if state.final:
             print(f"{what}: already {state.value}, nothing to cancel")
             continue
+        if not info.answered:  # scancel would not be heard either, and no cancel may be recorded
+            print(f"{what}: {info.reason}; nothing cancelled", file=sys.stderr)
+            status = 1
+            continue
         impl.cancel([ref])
+        if job_ids(rec):  # what we sent is known, whether or not the scheduler keeps a record of it
+            outcome.record_cancel(Path(rec["job_dir"]), job_ids(rec), state)
         print(f"{what}: was {state.value}, cancel requested")
-    return 0
+    return status
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -395,35 +475,53 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def read_metrics(job_dir: Path) -> list[dict[str, tp.Any]]:
     """The rows of ``metrics.jsonl`` (a torn last line from a crashed job is skipped)."""
-    path = Path(job_dir) / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
+    from automodel_hydra.metrics import METRICS_FILE, read_records
+
+    return read_records(Path(job_dir) / METRICS_FILE)
 
 
 @dataclasses.dataclass
 class Curve:
     """One job's logged losses: every logged step with a finite training loss, and the steps with a validation
-    loss."""
+    loss; ``more_val``: AutoModel's named validation sets (``validation_<name>.jsonl``), name -> (steps, losses)."""
 
     steps: list[int]
     losses: list[float]
     val_steps: list[int]
     val_losses: list[float]
-    #: the first step logged after each in-job restart (fault tolerance: ``launch/ft/attempts.jsonl``)
+    #: the first step logged after each in-job restart (the records' ``restart`` field; fault tolerance's
+    #: ``launch/ft/attempts.jsonl`` by time)
     restarts: list[int] = dataclasses.field(default_factory=list)
+    #: the first step logged after each Slurm requeue (the records' ``requeue`` field)
+    requeues: list[int] = dataclasses.field(default_factory=list)
+    #: where a recipe that keeps its own records (AutoModel's ``training.jsonl``) resumed from a checkpoint: the
+    #: first step it logged again, when no restart or requeue above explains it
+    resumes: list[int] = dataclasses.field(default_factory=list)
+    more_val: dict[str, tuple[list[int], list[float]]] = dataclasses.field(default_factory=dict)
+
+
+def _number(value: tp.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def curve(metrics: list[dict[str, tp.Any]]) -> Curve:
     """Every row of ``metrics.jsonl`` as a curve (rows whose loss is null, i.e. not finite, are left out)."""
-    train = [(m["step"], m["loss"]) for m in metrics if isinstance(m.get("loss"), (int, float))]
-    val = [(m["step"], m["val_loss"]) for m in metrics if isinstance(m.get("val_loss"), (int, float))]
+    train = [(m["step"], m["loss"]) for m in metrics if _number(m.get("loss")) and _number(m.get("step"))]
+    val = [(m["step"], m["val_loss"]) for m in metrics if _number(m.get("val_loss")) and _number(m.get("step"))]
     return Curve([s for s, _ in train], [v for _, v in train], [s for s, _ in val], [v for _, v in val])
+
+
+def attempt_steps(rows: list[dict[str, tp.Any]], field: str, *, later: bool = True) -> list[int]:
+    """The first step each new attempt logged: where the record's ``field`` (``restart`` or ``requeue``,
+    :data:`automodel_hydra.metrics.ATTEMPT_FIELDS`; absent = 0) grows from the record before (``later=False``:
+    where it falls back, i.e. a new launch of the job dir after a restarted or requeued one)."""
+    steps, before = [], 0
+    for row in rows:
+        now = row.get(field, 0)
+        if _number(now) and _number(row.get("step")) and (now > before if later else now < before):
+            steps.append(int(row["step"]))
+        before = now if _number(now) else before
+    return steps
 
 
 def restart_steps(metrics: list[dict[str, tp.Any]], job_dir: Path) -> list[int]:
@@ -433,11 +531,117 @@ def restart_steps(metrics: list[dict[str, tp.Any]], job_dir: Path) -> list[int]:
 
     steps = []
     for row in fault_tolerance.attempts(Path(job_dir) / "launch"):
-        after = [m["step"] for m in metrics if isinstance(m.get("time"), (int, float))
+        after = [m["step"] for m in metrics if _number(m.get("time")) and _number(m.get("step"))
                  and m["time"] >= float(row.get("time", 0))]
         if after:
             steps.append(min(after))
     return steps
+
+
+def automodel_log_dir(job_dir: Path) -> Path | None:
+    """Where a job's AutoModel recipe writes ``training.jsonl`` and ``validation*.jsonl``: its
+    ``checkpoint.checkpoint_dir`` as AutoModel reads it (:func:`automodel_hydra.automodel_resume.checkpoint_dir`),
+    a relative one under the job dir as the ranks anchor it (:mod:`automodel_hydra.paths`). From the job's
+    ``launch/job.yaml``; None for the bundled recipe, a dir only the ranks can resolve (``${VAR}``), or no spec."""
+    import yaml
+
+    from automodel_hydra.automodel_resume import checkpoint_dir
+
+    try:  # libyaml's loader where PyYAML has it: status reads one spec per job of a sweep
+        spec = yaml.load((Path(job_dir) / LAUNCH_DIR / JOB_FILE).read_text(),
+                         Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(spec, dict) or spec.get("recipe") is None:
+        return None
+    value = checkpoint_dir(spec)
+    if "$" in value:
+        return None
+    return Path(job_dir) / os.path.expanduser(value)
+
+
+#: AutoModel's JSON Lines records of a run, in its checkpoint dir (``recipes/llm/train_ft.py``, 0.7.0): one per
+#: logged training step, and per validation (``validation_<name>.jsonl`` for a named validation set).
+AUTOMODEL_TRAINING, AUTOMODEL_VALIDATION = "training.jsonl", "validation.jsonl"
+
+
+def automodel_curve(log_dir: Path, job_dir: Path) -> Curve:
+    """An AutoModel recipe's own records as a curve. AutoModel appends to its files, so a job that resumed from a
+    checkpoint (requeued, restarted, launched again) logged the steps after that checkpoint twice: each step keeps
+    its last record, and the first step logged again is a resume. In-job restarts come from fault tolerance's
+    record (by time: the records' ``timestamp``, ISO 8601)."""
+    def by_step(rows: list[dict[str, tp.Any]], field: str) -> tuple[list[int], list[float], list[int]]:
+        kept: dict[int, float] = {}
+        again: list[int] = []
+        last: int | None = None
+        for row in rows:
+            if not _number(row.get("step")):
+                continue
+            step = int(row["step"])
+            if last is not None and step <= last:
+                again.append(step)
+            last = step
+            if _number(row.get(field)):
+                kept[step] = float(row[field])
+        steps = sorted(kept)
+        return steps, [kept[s] for s in steps], again
+
+    from automodel_hydra.metrics import read_records
+
+    train = read_records(log_dir / AUTOMODEL_TRAINING)
+    steps, losses, again = by_step(train, "loss")
+    val_steps, val_losses, _ = by_step(read_records(log_dir / AUTOMODEL_VALIDATION), "val_loss")
+    c = Curve(steps, losses, val_steps, val_losses)
+    for path in sorted(log_dir.glob("validation_*.jsonl")):
+        named = by_step(read_records(path), "val_loss")
+        if named[0]:
+            c.more_val[path.stem.removeprefix("validation_")] = (named[0], named[1])
+    timed = [{"step": row.get("step"), "time": _epoch(row.get("timestamp"))} for row in train]
+    c.restarts = restart_steps([r for r in timed if r["time"] is not None], job_dir)
+    c.resumes = [s for s in again if s not in c.restarts]
+    return c
+
+
+def _epoch(stamp: tp.Any) -> float | None:
+    """An ISO 8601 time stamp (AutoModel's ``2026-12-04T10:00:00.123Z``) in seconds since the epoch."""
+    try:
+        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def last_logged(job_dir: Path) -> dict[str, tp.Any] | None:
+    """The job's last logged step, whichever recipe logged it (``metrics.jsonl``, else an AutoModel recipe's
+    ``training.jsonl``); None before its first step."""
+    from automodel_hydra.metrics import METRICS_FILE, last_record
+
+    row = last_record(Path(job_dir) / METRICS_FILE)
+    if row is None:
+        log_dir = automodel_log_dir(job_dir)
+        row = last_record(log_dir / AUTOMODEL_TRAINING) if log_dir is not None else None
+    return row if row is not None and _number(row.get("step")) else None
+
+
+def job_curve(job_dir: Path) -> tuple[Curve, list[dict[str, tp.Any]]]:
+    """The job's curve and the rows it came from, whichever recipe logged them: ``metrics.jsonl`` (the bundled
+    recipe, a function's ``dist.log``), else an AutoModel recipe's own records (:func:`automodel_curve`)."""
+    from automodel_hydra.metrics import RESUMED_FIELD
+
+    rows = read_metrics(job_dir)
+    if rows:
+        c = curve(rows)
+        c.restarts = sorted(set(attempt_steps(rows, "restart")) | set(restart_steps(rows, job_dir)))
+        c.requeues = attempt_steps(rows, "requeue")
+        launches = {int(r["step"]) for r in rows if r.get(RESUMED_FIELD) is True and _number(r.get("step"))}
+        c.resumes = sorted(({s for f in ("restart", "requeue") for s in attempt_steps(rows, f, later=False)}
+                            | launches) - set(c.restarts) - set(c.requeues))
+        return c, rows
+    log_dir = automodel_log_dir(job_dir)
+    if log_dir is None:
+        return Curve([], [], [], []), []
+    from automodel_hydra.metrics import read_records
+
+    return automodel_curve(log_dir, job_dir), read_records(log_dir / AUTOMODEL_TRAINING)
 
 
 def report_title(root: Path, records: list[Record]) -> str:
@@ -454,24 +658,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     shared, labels = split_overrides(records)
+    from automodel_hydra.progress import backend_states
+
     rows, curves = [], {}
-    for rec in records:
+    for rec, info in zip(records, backend_states(records)):  # (one scheduler query for all)
         job_dir = Path(rec["job_dir"])
-        metrics = read_metrics(job_dir)
+        c, logged = job_curve(job_dir)
         result_file = job_dir / RESULT_FILE
         result = json.loads(result_file.read_text()) if result_file.is_file() else {}
-        last = metrics[-1] if metrics else {}
-        vals = [m["val_loss"] for m in metrics if isinstance(m.get("val_loss"), (int, float))]
+        last = logged[-1] if logged else {}
         rows.append({"job": job_num(rec), "overrides": labels[job_num(rec)],
-                     "completed": bool(result), "step": result.get("step", last.get("step")),
-                     "loss": result.get("loss", last.get("loss")),
-                     "val_loss": result.get("val_loss", vals[-1] if vals else None),
-                     "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s")),
-                     "world_size": result.get("world_size", last.get("world_size"))})
-        c = curve(metrics)
-        c.restarts = restart_steps(metrics, job_dir)
+                     "completed": _completed(rec), "step": result.get("step", last.get("step")),
+                     "loss": result.get("loss", c.losses[-1] if c.losses else None),
+                     "val_loss": result.get("val_loss", c.val_losses[-1] if c.val_losses else None),
+                     "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s", last.get("tps"))),
+                     "world_size": result.get("world_size", last.get("world_size")), "state": info.state.value})
         if c.steps or c.val_steps:
-            curves[f"{job_num(rec)}: {labels[job_num(rec)]}"] = c
+            label = labels[job_num(rec)]
+            curves[f"{job_num(rec)}: {label}" if label != "-" else f"job {job_num(rec)}"] = c
     csv_path = out_dir / "final_metrics.csv"
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -479,7 +683,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         writer.writerows(rows)
     _print_report(str(root), rows, shared)
     if not curves:
-        print(f"no metrics.jsonl in any job yet; wrote {csv_path}", file=sys.stderr)
+        print(f"no logged step in any job yet (metrics.jsonl: the bundled recipe, a function's dist.log; "
+              f"{AUTOMODEL_TRAINING} in an AutoModel recipe's checkpoint dir); wrote {csv_path}", file=sys.stderr)
         return 1
     png = plot_losses(curves, out_dir / "loss.png", title=report_title(root, records))
     points = write_curves(curves, out_dir / "curves.csv")
@@ -487,41 +692,60 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _completed(record: Record) -> bool:
+    """Whether the job completed in its launch: its result carries the launch id and every rank of its last
+    attempt returned (:func:`automodel_hydra.outcome.completed`; a result left by an earlier launch is not this
+    one's). A SkyPilot job's result is on its nodes: there, the result copied back counts."""
+    from automodel_hydra import backends, outcome
+    from automodel_hydra.plan import JobSpec
+
+    job = JobSpec(job_dir=Path(record["job_dir"]), job_name=str(record.get("log_name") or "train"))
+    if not backends.get(record["backend"]).ranks_write_job_dir:
+        return job.result_file.is_file()
+    return outcome.completed(job)
+
+
 def _fmt(value: tp.Any, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
 
 
 def _print_report(title: str, rows: list[dict[str, tp.Any]], shared: list[str]) -> None:
-    table = _table(f"{title}: final metrics", shared)
-    for name in ("job", "overrides", "completed", "step", "loss", "val_loss", "tokens/s", "world_size"):
+    table = _table()
+    for name in ("job", "overrides", "completed", "state", "step", "loss", "val_loss", "tokens/s", "world_size"):
         table.add_column(name, justify="left" if name == "overrides" else "right", no_wrap=name != "overrides")
     from rich.text import Text
 
     for r in rows:
         done = Text("yes") if r["completed"] else Text("no", style="red")
-        table.add_row(str(r["job"]), Text(r["overrides"]), done, _fmt(r["step"]), _fmt(r["loss"]), _fmt(r["val_loss"]),
-                      _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["world_size"]))
-    _console().print(table)
+        state = Text(r["state"], style=_STYLE.get(JobState(r["state"]), ""))
+        table.add_row(str(r["job"]), Text(r["overrides"]), done, state, _fmt(r["step"]), _fmt(r["loss"]),
+                      _fmt(r["val_loss"]), _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["world_size"]))
+    _show(f"{title}: final metrics", table,
+          [f"{'every job' if len(rows) > 1 else 'overrides'}: {' '.join(shared)}"] if shared else [])
 
 
 def write_curves(curves: dict[str, Curve], path: Path) -> Path:
-    """Every plotted point as CSV (``job, step, loss, val_loss``): the numbers behind ``loss.png``."""
+    """Every plotted point as CSV (``job, step, loss, val_loss``, and ``val_loss_<name>`` per named validation
+    set): the numbers behind ``loss.png``."""
+    names = list(dict.fromkeys(name for c in curves.values() for name in c.more_val))
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["job", "step", "loss", "val_loss"])
+        writer.writerow(["job", "step", "loss", "val_loss", *(f"val_loss_{n}" for n in names)])
         for label, c in curves.items():
-            val = dict(zip(c.val_steps, c.val_losses))
-            train = dict(zip(c.steps, c.losses))
-            for step in sorted(set(train) | set(val)):
-                writer.writerow([label, step, train.get(step, ""), val.get(step, "")])
+            series = [dict(zip(c.steps, c.losses)), dict(zip(c.val_steps, c.val_losses)),
+                      *(dict(zip(*c.more_val.get(n, ([], [])))) for n in names)]
+            for step in sorted(set().union(*series)):
+                writer.writerow([label, step, *(values.get(step, "") for values in series)])
     return path
 
 
 def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
     """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them), the
-    validation loss where there is one (dashed, square markers) and a dotted vertical line where training resumed
-    after each in-job restart. Drawn with matplotlib's Agg backend (no display needed); ``title`` is also stored as
-    the PNG's ``Title`` text. Raises CliError naming the ``report`` extra when matplotlib is not installed."""
+    validation loss where there is one (dashed, square markers; AutoModel's named validation sets with triangles)
+    and a vertical line where training went on after each in-job restart (dotted), Slurm requeue (dash-dot) or
+    other resume from a checkpoint (sparse dots). Drawn with matplotlib's Agg backend (no display needed);
+    ``title`` is also stored as the PNG's ``Title`` text. Raises CliError naming the ``report`` extra when
+    matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -538,10 +762,15 @@ def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
         if c.val_steps:
             ax.plot(c.val_steps, c.val_losses, linestyle="--", marker="s", markersize=4, color=line.get_color(),
                     label=f"{label} (validation)")
-        for i, step in enumerate(c.restarts):  # in-job restarts (fault tolerance): where training resumed
-            ax.axvline(step, linestyle=":", color=line.get_color(), alpha=0.8,
-                       label=f"{label} (in-job restart)" if i == 0 else None)
-    has_val = any(c.val_steps for c in curves.values())
+        for name, (steps, losses) in c.more_val.items():
+            ax.plot(steps, losses, linestyle="--", marker="^", markersize=4, color=line.get_color(),
+                    label=f"{label} (validation {name})")
+        for marks, style, what in ((c.restarts, ":", "in-job restart"), (c.requeues, "-.", "requeue"),
+                                   (c.resumes, (0, (1, 4)), "resumed")):
+            for i, step in enumerate(marks):  # where training went on after the restart, requeue or resume
+                ax.axvline(step, linestyle=style, color=line.get_color(), alpha=0.8,
+                           label=f"{label} ({what})" if i == 0 else None)
+    has_val = any(c.val_steps or c.more_val for c in curves.values())
     ax.set(xlabel="step", ylabel="loss (nats/token)",
            title=title + ("\ntraining loss (solid), validation loss (dashed)" if has_val else "\ntraining loss"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -583,17 +812,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="run or sweep dir")
     p.add_argument("job", nargs="?", type=int, help="job number (default: every job)")
     p.set_defaults(func=cmd_cancel)
+    p = sub.add_parser("resume", help="run a sweep's failed, cancelled and never started members again")
+    p.add_argument("dir", help="sweep dir")
+    p.set_defaults(func=cmd_resume)
     p = sub.add_parser("report", help="final metrics per job and a PNG of loss curves")
     p.add_argument("dir", nargs="?", help=latest)
     p.add_argument("--out", default=None, help="output dir (default: DIR/report)")
     p.set_defaults(func=cmd_report)
     return parser
-
-
-#: squeue(1) REASON codes of a pending job that will not start as submitted (slurm's "JOB REASON CODES").
-NEVER_REASONS = ("PartitionConfig", "PartitionDown", "PartitionInactive", "PartitionNodeLimit", "PartitionTimeLimit",
-                 "ReqNodeNotAvail", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
-                 "BadConstraints", "DependencyNeverSatisfied", "JobHeldAdmin", "AssocMaxJobsLimit")
 
 
 def _ft_note(record: Record, state: JobState) -> str:
@@ -610,11 +836,11 @@ def _ft_note(record: Record, state: JobState) -> str:
 
 def _note(state: JobState, reason: str) -> str:
     """The scheduler's reason next to a pending job, flagged when it means the job will not start as submitted."""
+    from automodel_hydra.backends.slurm_limits import pending_note
+
     if not reason:
         return ""
-    if state is JobState.PENDING and reason.startswith(NEVER_REASONS):
-        return f"{reason} (will not start as submitted: fix the request, e.g. partition/account/QOS, and resubmit)"
-    return reason
+    return pending_note(reason) if state is JobState.PENDING else reason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -635,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: This CLI's own commands; anything else with a config file is one of AutoModel's CLI shapes.
-_SUBCOMMANDS = ("runs", "status", "logs", "cancel", "report")
+_SUBCOMMANDS = ("runs", "status", "logs", "cancel", "resume", "report")
 
 
 def launch_file(args: list[str]) -> int:

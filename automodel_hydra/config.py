@@ -8,6 +8,7 @@ Sections and where their schema lives:
   nor a rank loads one): ``interactive`` in :mod:`automodel_hydra.backends.interactive_config`, ``slurm`` in
   :mod:`automodel_hydra.backends.slurm_config`, ``skypilot`` in :mod:`automodel_hydra.backends.skypilot_config`;
 * ``fault_tolerance`` (every launcher) in :mod:`automodel_hydra.fault_tolerance`.
+* ``failure_budget`` (every launcher, read by the ranks) in :mod:`automodel_hydra.failures`.
 
 Defaults live once, in these dataclasses (the YAML files under ``conf/`` only select). Bad input is caught twice
 before anything is submitted or started:
@@ -28,7 +29,6 @@ import copy
 import dataclasses
 import functools
 import os
-import re
 import typing as tp
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,15 +37,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from automodel_hydra import errors
+from automodel_hydra import sections as table  # the one table of sections: which plays which part
 from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
 from automodel_hydra.backends.slurm_config import SlurmConfig
 from automodel_hydra.envvars import Interp, expand, parse, render
+from automodel_hydra.failures import FailureBudget
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
+from automodel_hydra.interpolations import escape, omega_text, rank_interpolation_problems, resolve_plan_time
+from automodel_hydra.paths import DEFAULT_CHECKPOINT_DIR, POINTER
 from automodel_hydra.schema import ConfigError, at_least, require
-
-#: The launcher sections: which one is present decides where the job runs (none = interactive).
-LAUNCHER_SECTIONS = ("slurm", "skypilot")
 
 # ----------------------------------------------------------------------------------------------- recipe
 
@@ -156,12 +157,17 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         require(self.keep_latest_k >= 0, "checkpoint.keep_latest_k", self.keep_latest_k, "must be >= 0")
 
+    def under(self, job_dir: str | os.PathLike[str]) -> Path:
+        """The checkpoint dir of a job whose output dir is ``job_dir``: ``dir`` (a relative one under it), or
+        :data:`automodel_hydra.paths.DEFAULT_CHECKPOINT_DIR` under it."""
+        return Path(job_dir) / (self.dir or DEFAULT_CHECKPOINT_DIR)
+
 
 @dataclass
 class RestoreFromConfig:
     # "latest" = newest complete checkpoint in checkpoint.dir (fresh start when none); D/latest = the newest complete
     # one in checkpoint dir D (checkpoint.dir's own first: automodel_hydra/checkpoint.py); a checkpoint path; or null
-    path: tp.Optional[str] = "latest"
+    path: tp.Optional[str] = POINTER
 
 
 # ----------------------------------------------------------------------------------------------- profiling
@@ -208,6 +214,19 @@ class DistEnvConfig:
         require(self.timeout_minutes > 0, "dist_env.timeout_minutes", self.timeout_minutes, "must be > 0")
 
 
+@dataclass
+class HealthCheckConfig:
+    """The health check before training (:mod:`automodel_hydra.health`, docs/failures.md)."""
+
+    # null: on for a Slurm job on more than one node, off otherwise; true/false: always/never
+    enabled: tp.Optional[bool] = None
+    # seconds the whole check may take (device check and one all-reduce) before the node fails it
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        require(self.timeout_s > 0, "health_check.timeout_s", self.timeout_s, "must be > 0")
+
+
 # ----------------------------------------------------------------------------------------------- top level
 
 
@@ -231,6 +250,10 @@ class TrainConfig:
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
     # ft_launcher: heartbeats, hang detection, in-job restarts, on every launcher (docs/fault-tolerance.md)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    # retries per failure class, for in-job restarts and Slurm requeues alike (docs/failures.md)
+    failure_budget: FailureBudget = field(default_factory=FailureBudget)
+    # every rank checks its devices and one all-reduce before training; a node that fails is a node_failure
+    health_check: HealthCheckConfig = field(default_factory=HealthCheckConfig)
     slurm: tp.Optional[SlurmConfig] = None
     skypilot: tp.Optional[SkyPilotConfig] = None
     # the code every rank runs: null = this bundled recipe; an AutoModel recipe class (a bare name such as
@@ -259,7 +282,7 @@ class TrainConfig:
     @property
     def checkpoint_dir(self) -> str:
         """``checkpoint.dir``, a relative one under ``output_dir`` (automodel_hydra.paths has the rule)."""
-        return str(Path(self.output_dir) / (self.checkpoint.dir or "checkpoints"))
+        return str(self.checkpoint.under(self.output_dir))
 
     @property
     def bundled(self) -> bool:
@@ -273,15 +296,6 @@ class TrainConfig:
         from automodel_hydra import recipe_names as recipes
 
         return recipes.kind_of(self.recipe) == "automodel"
-
-
-#: The sections this product reads whatever the recipe; with a recipe other than the bundled one, every other
-#: section belongs to that recipe (AutoModel's CLI likewise pops its launcher sections before its recipe sees them).
-LAUNCH_KEYS = ("seed", "dry_run", "output_dir", "profile", "interactive", "fault_tolerance", *LAUNCHER_SECTIONS,
-               "recipe")
-#: The bundled recipe's keys among :data:`LAUNCH_KEYS`: another recipe's file keeps its own (158 of AutoModel's
-#: example files have a top-level ``seed`` its recipes read, ``cfg.get("seed", 42)``), so it reaches that recipe.
-BUNDLED_KEYS = ("seed",)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -349,7 +363,7 @@ def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mappi
     :data:`SHELL_FIELDS` keep their references for the backend (their OmegaConf interpolations resolved here);
     every other field is expanded from ``environ`` now."""
     is_key = data.__contains__
-    for section in ("interactive", *LAUNCHER_SECTIONS):
+    for section in ("interactive", *table.LAUNCHER_SECTIONS):
         node = data.get(section)
         if not isinstance(node, dict):
             continue
@@ -357,18 +371,18 @@ def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mappi
         for name, value in list(node.items()):
             key = f"{section}.{name}"
             if name in SCRIPT_FIELDS.get(section, ()):
-                node[name] = _escape(value)
+                node[name] = escape(value)
             elif name in SHELL_FIELDS.get(section, ()):
                 if name == "env_vars" and isinstance(value, dict):
                     for k, v in value.items():  # str() would export a list's repr
                         require(not isinstance(v, (list, dict)), f"{key}.{k}", v,
                                 "expected a string (an environment variable's value)")
                     value = {str(k): "" if v is None else str(v) for k, v in value.items()}
-                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                node[name] = _walk(value, key, lambda text, k: omega_text(
                     render([_omegaconf_value(cfg, p.text) if isinstance(p, Interp) else p])
                     for p in parse(text, k, is_key)))
             else:
-                node[name] = _walk(value, key, lambda text, k: _omega_text(
+                node[name] = _walk(value, key, lambda text, k: omega_text(
                     p if isinstance(p, Interp) else expand((p,), environ, k) for p in parse(text, k, is_key)))
 
 
@@ -380,31 +394,6 @@ def _walk(value: tp.Any, key: str, text: tp.Callable[[str, str], str]) -> tp.Any
         return [_walk(v, f"{key}[{i}]", text) for i, v in enumerate(value)]
     if isinstance(value, dict):
         return {k: _walk(v, f"{key}.{k}", text) for k, v in value.items()}
-    return value
-
-
-def _omega_text(pieces: tp.Iterable[str | Interp]) -> str:
-    """OmegaConf text that resolves to the literal pieces as they are and to each :class:`Interp` as OmegaConf
-    resolves it: ``${`` in a literal escaped as ``\\${``, backslashes right before a ``${`` doubled (OmegaConf's
-    grammar)."""
-    out = ""
-    for piece in pieces:
-        if isinstance(piece, Interp):
-            out = re.sub(r"(\\+)$", r"\1\1", out) + piece.text
-        else:
-            out += re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", piece)
-    return out
-
-
-def _escape(value: tp.Any) -> tp.Any:
-    """``value`` with every ``${`` escaped from OmegaConf, so a recipe's own interpolation forms (AutoModel's
-    ``${VAR,default}``) reach it as written."""
-    if isinstance(value, str):
-        return _omega_text([value])
-    if isinstance(value, list):
-        return [_escape(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _escape(v) for k, v in value.items()}
     return value
 
 
@@ -443,11 +432,12 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
     if "nemo_run" in data:  # AutoModel's NeMo-Run launcher section: ours where it maps, else one line
         from automodel_hydra.nemo_run_section import translate
 
-        for section, values in translate(data.pop("nemo_run"), [k for k in LAUNCHER_SECTIONS if data.get(k)]).items():
+        given = [k for k in table.LAUNCHER_SECTIONS if data.get(k)]
+        for section, values in translate(data.pop("nemo_run"), given).items():
             data[section] = {**values, **(data.get(section) or {})}  # a key set in the config wins
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
-        _normalise_aliases(data, LAUNCH_KEYS)
+        _normalise_aliases(data, table.LAUNCH_KEYS)
         from automodel_hydra import recipe_names as recipes
 
         kind = recipes.kind_of(data["recipe"])
@@ -463,14 +453,18 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
                     data["slurm"].setdefault(key, copy.deepcopy(value))
         elif isinstance(data.get("slurm"), dict) and kind == "callable":  # named after the user's function
             data["slurm"] = {"job_name": recipes.recipe_target(data["recipe"]), **data["slurm"]}
-        sections = {k: v for k, v in data.items() if k not in LAUNCH_KEYS or k == "recipe" or k in BUNDLED_KEYS}
+        sections = {k: v for k, v in data.items() if k not in table.LAUNCH_KEYS or k in table.RECIPE_KEEPS}
         if kind == "automodel":  # the resume keys' meaning for AutoModel's recipe (automodel_resume), one line
             from automodel_hydra import automodel_resume
 
             for problem in automodel_resume.problems(sections):
                 raise problem
-        data = {k: v for k, v in data.items() if k in LAUNCH_KEYS and k not in BUNDLED_KEYS}
-        data["recipe_sections"] = _escape(sections)
+        data = {k: v for k, v in data.items() if k in table.LAUNCH_KEYS and k not in table.BUNDLED_KEYS}
+        sections = resolve_plan_time(sections)
+        if kind == "callable":
+            for problem in rank_interpolation_problems(sections):
+                raise problem
+        data["recipe_sections"] = escape(sections)
     else:
         _normalise_aliases(data)
     # OmegaConf's merge names no key for a list given to a section or a mapping ("Cannot merge DictConfig with
@@ -515,7 +509,7 @@ def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     AutoModel recipe its dataset paths (:func:`automodel_hydra.paths.missing_here`) and its resume keys instead
     (:func:`automodel_hydra.automodel_resume.host_problems`), for a function recipe nothing (its sections are its
     own)."""
-    from automodel_hydra.paths import missing_here, pointer_dir
+    from automodel_hydra.paths import METADATA, POINTER, missing_here, pointer_dir, step_of
 
     if cfg.automodel:  # its resume keys, in AutoModel's layout; the bundled recipe's keys are not its
         from automodel_hydra import automodel_resume
@@ -535,13 +529,13 @@ def host_problems(cfg: TrainConfig) -> list[ConfigError]:
             problems.append(ConfigError("restore_from.path", path, f"{source} is not a directory; valid: 'latest', "
                                         "null, D/latest for a checkpoint dir D, or a step-N checkpoint dir"))
         return problems
-    if path not in (None, "latest") and not Path(path).is_dir():
+    if path not in (None, POINTER) and not Path(path).is_dir():
         problems.append(ConfigError("restore_from.path", path,
                                     "'latest', null, or an existing checkpoint directory (a step-N dir)"))
-    elif path not in (None, "latest") and cfg.checkpoint.enabled and not (Path(path) / ".metadata").is_file():
+    elif path not in (None, POINTER) and cfg.checkpoint.enabled and not (Path(path) / METADATA).is_file():
         # what the recipe would find only after the ranks started (checkpoint.py: a DCP dir has .metadata)
-        steps = sorted((int(p.name[5:]), p) for p in Path(path).glob("step-*")
-                       if p.name[5:].isdigit() and (p / ".metadata").is_file())
+        steps = sorted((step, p) for p in Path(path).iterdir()
+                       if (step := step_of(p.name)) is not None and (p / METADATA).is_file())
         hint = f" (this dir holds checkpoints: e.g. {steps[-1][1]})" if steps else ""
         problems.append(ConfigError("restore_from.path", path, "it holds no checkpoint (no .metadata); valid: "
                                     f"'latest', null, or a step-N checkpoint dir{hint}"))
@@ -559,12 +553,12 @@ def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
     recipe's resolved (with ``seed`` and ``dist_env``), another recipe's as written (its ``recipe:`` and ``seed``
     keys included, nothing of the bundled recipe's added) — plus ``output_dir`` and ``profile``."""
     spec = dataclasses.asdict(cfg)
-    for section in ("interactive", "fault_tolerance", *LAUNCHER_SECTIONS, "dry_run", "recipe_sections"):
+    for section in table.NOT_FOR_RANKS:
         spec.pop(section, None)
     if cfg.bundled:
         spec.pop("recipe", None)
         return spec
-    ours = {k: spec[k] for k in ("output_dir", "profile")}  # the recipe's sections as written, ``seed`` included
+    ours = {k: spec[k] for k in table.FOR_EVERY_RANK}  # the recipe's sections as written, ``seed`` included
     return {**cfg.recipe_sections, **ours}
 
 

@@ -14,12 +14,12 @@ Ranks never run this: they run :mod:`automodel_hydra.worker` with the rank-side 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import logging
 import os
-import re
 import sys
 import typing as tp
 from pathlib import Path
@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, errors, paths, prestart, profile, stops, yaml11
+from automodel_hydra import backends, config, errors, paths, profile, stops, sweep_policy, yaml11
 from automodel_hydra.plan import (
     MANIFEST_FILE,
     Backend,
@@ -38,16 +38,20 @@ from automodel_hydra.plan import (
     JobStoppedError,
     Plan,
     PreflightError,
+    SchedulerUnreachable,
     Submission,
     SubmitError,
     launch_dir,
     new_run_id,
     render_files,
+    stable_tracker_id,
     stop_line,
     write_record,
     write_run_id,
+    write_tracker_id,
 )
 from automodel_hydra.schema import ConfigError, UserError
+from automodel_hydra.sections import LAUNCHER_SECTIONS, selected_by
 from automodel_hydra.states import JobState
 
 log = logging.getLogger(__name__)
@@ -154,8 +158,8 @@ def prepare(cfg: DictConfig, sweep: bool = True,
 # ----------------------------------------------------------------------------------------------- launching
 
 
-def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_needed: str | None = None
-           ) -> list[Outcome]:
+def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_needed: str | None = None,
+           definition: tp.Any = None, max_failures: int | None = None) -> list[Outcome]:
     """Plan, write, submit and (where the plans say so) wait for ``jobs``; one outcome per job, in order.
 
     Every job of every backend is checked (its world-size rules, its backend's preflight and planned-task checks,
@@ -166,11 +170,20 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
     result echoes (:func:`automodel_hydra.plan.written_by_this_launch`). Raises ConfigError / PreflightError (one
     line) for what can be fixed before submitting. ``results_needed``: why the caller needs every job's result (a
     sweeper that chooses its next jobs from them); then a job that would not be waited for is refused, ConfigError
-    naming the setting (``slurm.detach``), before anything is written."""
+    naming the setting (``slurm.detach``), before anything is written. ``definition``: the sweep's
+    (:class:`automodel_hydra.resume.Definition`), recorded in the manifest with the first submission, for a
+    resume. ``max_failures``: stop the sweep after that many failed members (:mod:`automodel_hydra.sweep_policy`);
+    a launch that would not wait for them is refused, ConfigError naming the setting."""
     errors.release()  # composing is over: what starts from here must not inherit HYDRA_FULL_ERROR
+    for p in jobs:  # names the user chose, made into paths: each fits the filesystem (one line naming the key)
+        for problem in paths.name_problems(p.cfg, p.job.job_dir, p.job.job_name):
+            raise problem
     refuse_shared_paths(jobs, sweep_dir)
-    jobs = [dataclasses.replace(p, job=dataclasses.replace(p.job, code_dir=code_dir(p.job, sweep_dir)))
-            for p in jobs]
+    group = stable_tracker_id(launch_dir(sweep_dir)) if sweep_dir is not None else None
+    jobs = [dataclasses.replace(p, job=dataclasses.replace(
+        p.job, code_dir=code_dir(p.job, sweep_dir), tracker_id=stable_tracker_id(p.job.launch_dir),
+        tracker_group=group if p.job.job_num is not None else None)) for p in jobs]
+    warn_shell_tracker_id(jobs)
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
@@ -187,9 +200,12 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
             config.check_world(jobs[i].cfg, impl.world_size(jobs[i].cfg, facts[name]))
             plans[i] = impl.plan(jobs[i].cfg, jobs[i].job, facts[name])
         impl.check([plans[i] for i in idx])
-        if results_needed is not None and any(not plans[i].wait for i in idx):
+        needed = results_needed or (None if max_failures is None or impl.stops_after_failures else
+                                    f"{sweep_policy.KEY}={max_failures} is set: the command that waits for the sweep "
+                                    "stops it")
+        if needed is not None and any(not plans[i].wait for i in idx):
             key, waits = impl.wait_setting or (name, True)
-            raise ConfigError(key, not waits, f"{str(waits).lower()}: {results_needed}")
+            raise ConfigError(key, not waits, f"it must be {str(waits).lower()} here, since {needed}")
     refuse_if_busy([p.job for p in jobs])
     kept: dict[int, JobResult] = {}
     for i, p in enumerate(jobs):
@@ -213,10 +229,15 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         jobs_left = [p for i, p in enumerate(jobs) if i not in kept]
     else:
         jobs_left = list(jobs)
-    batches = [(name, impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name]), idx)
+    batches = [(name, [dataclasses.replace(b, max_failures=max_failures) for b in
+                       impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name])], idx)
                for name, idx in by_backend.items()]
+    if group is not None and sweep_dir is not None and jobs_left:
+        write_tracker_id(launch_dir(sweep_dir), group)
     for p in jobs_left:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
+        if p.job.tracker_id is not None:  # kept by every later launch of this dir: one tracker run per job
+            write_tracker_id(p.job.launch_dir, p.job.tracker_id)
         if p.job.call is not None:
             p.job.call_file.write_bytes(p.job.call)
         else:
@@ -229,7 +250,6 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                 if path.suffix == ".sh":
                     path.chmod(0o777 & ~current_umask())  # executable for whom the umask lets read it
     if dry:
-        prestart.discard()  # torchrun's agent, if it was started early, has nothing to run
         for _, groups, _ in batches:
             for batch in groups:
                 print(render_files(batch.files), flush=True)
@@ -245,20 +265,37 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                 subs[sub.plan.job.job_dir] = sub
                 write_record(sub)
                 _announce(sub)
-    prestart.discard()  # the early torchrun agent: the interactive backend took it for a single run, or nobody does
     for o in outcomes:
         o.sub = subs.get(o.prepared.job.job_dir)
     if sweep_dir is not None and subs:
         write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None],
                        {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
-                                             "paths": {k: str(v) for k, v in written(p)}} for p in jobs})
+                                             "paths": {k: str(v) for k, v in written(p)}} for p in jobs},
+                       definition)
     try:
         with stops.stop_signals():
-            _wait(outcomes, impls)
+            _wait(outcomes, impls, max_failures, sweep_dir)
     except (KeyboardInterrupt, stops.StopRequested) as e:
         stop = stops.as_stop(e)
         raise Stopped(_stop_summary(outcomes, impls, sweep_dir, stop), stop.exit_code) from None
     return outcomes
+
+
+def warn_shell_tracker_id(jobs: tp.Sequence[Prepared]) -> None:
+    """One warning when this shell has ``WANDB_RUN_ID`` and a job does not choose its run itself: each job logs to
+    its own W&B run (``launch/tracker_id``, :func:`automodel_hydra.plan.tracker_env`), so a leftover export never
+    merges jobs, sweep members included, into one run."""
+    def chooses(p: Prepared) -> bool:
+        launcher = p.cfg.slurm or p.cfg.skypilot
+        return any(k == "WANDB_RUN_ID" for k, _ in p.job.env) or "WANDB_RUN_ID" in (
+            getattr(launcher, "env_vars", None) or {})
+
+    shell = os.environ.get("WANDB_RUN_ID")
+    if not shell or all(chooses(p) for p in jobs):
+        return
+    log.warning(f"WANDB_RUN_ID={shell} of this shell is not passed on: each job is its own W&B run (its "
+                "launch/tracker_id); to choose the run, set hydra.job.env_set.WANDB_RUN_ID (or the launcher's "
+                "env_vars), or wandb.id in an AutoModel file")
 
 
 def code_dir(job: JobSpec, sweep_dir: Path | None) -> Path:
@@ -274,7 +311,7 @@ class Stopped(Exception):
     and how it ended, what keeps running (with the command that cancels it) and where the newest checkpoint is.
     ``exit_code``: 128 + the signal (130 for Ctrl-C, 143 for SIGTERM)."""
 
-    def __init__(self, message: str, exit_code: int = 130) -> None:
+    def __init__(self, message: str, exit_code: int = stops.CTRL_C_EXIT) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -384,14 +421,10 @@ def _answerable(target: str) -> bool:
 
 # ----------------------------------------------------------------------------------------------- no shared state
 
-#: A checkpoint step dir (``automodel_hydra.checkpoint.step_dir_name``).
-_STEP_DIR = re.compile(r"step-(\d+)")
-
-
 def checkpoint_path(p: Prepared) -> Path:
     """Where the job's ranks checkpoint, as an absolute path on this machine: ``checkpoint.dir`` (a relative one
     is under the job dir: :mod:`automodel_hydra.paths`), or ``<job dir>/checkpoints``."""
-    return Path(os.path.normpath(Path(p.job.job_dir) / (p.cfg.checkpoint.dir or "checkpoints")))
+    return Path(os.path.normpath(p.cfg.checkpoint.under(p.job.job_dir)))
 
 
 def written(p: Prepared) -> list[tuple[str, Path]]:
@@ -428,7 +461,7 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
     if not cfg.checkpoint.enabled or cfg.restore_from.path is None:
         return None
     source = paths.pointer_dir(cfg.restore_from.path)
-    if cfg.restore_from.path == "latest" or source is not None:
+    if cfg.restore_from.path == paths.POINTER or source is not None:
         ckpt_dir = checkpoint_path(p)
         if source is not None and not source.is_absolute():
             source = (p.job.workdir or Path.cwd()) / source
@@ -436,13 +469,13 @@ def resume_step(p: Prepared) -> tuple[int, Path] | None:
             return None
         from automodel_hydra.checkpoint import resume_target  # imports torch: only when there is something to find
 
-        target = resume_target(ckpt_dir, "latest" if source is None else source / paths.POINTER)
+        target = resume_target(ckpt_dir, paths.POINTER if source is None else source / paths.POINTER)
     else:
         target = Path(cfg.restore_from.path)
         if not target.is_absolute():
             target = (p.job.workdir or Path.cwd()) / target
-    m = _STEP_DIR.fullmatch(target.name) if target is not None else None
-    return (int(m.group(1)), tp.cast(Path, target)) if m else None
+    step = paths.step_of(target.name) if target is not None else None
+    return (step, tp.cast(Path, target)) if step is not None else None
 
 
 def kept_result(p: Prepared, here: bool) -> JobResult | None:
@@ -500,13 +533,16 @@ def _announce(sub: Submission[tp.Any]) -> None:
             f.write(line + "\n")
 
 
-def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]]) -> None:
+def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]],
+          max_failures: int | None = None, sweep_dir: Path | None = None) -> None:
     from automodel_hydra.progress import sweep_progress
 
     waited = [o for o in outcomes if o.sub is not None and o.sub.plan.wait]
     if not waited:
         return
-    with sweep_progress([o.sub for o in waited if o.sub is not None]):
+    watched = [o.sub for o in waited if o.sub is not None and not impls[o.prepared.cfg.backend].stops_after_failures]
+    with sweep_progress([o.sub for o in waited if o.sub is not None]), \
+            sweep_policy.watch(watched, impls, max_failures, sweep_dir):
         for name, impl in impls.items():
             mine = [o for o in waited if o.prepared.cfg.backend == name]
             if mine:
@@ -545,21 +581,30 @@ def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
 
 
 def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
-                   extra: tp.Mapping[str, tp.Mapping[str, tp.Any]] | None = None) -> Path:
+                   extra: tp.Mapping[str, tp.Mapping[str, tp.Any]] | None = None, definition: tp.Any = None) -> Path:
     """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
     records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
-    ``automodel-hydra status|logs|cancel|report``."""
+    ``automodel-hydra status|logs|cancel|report|resume``; ``definition`` (:class:`automodel_hydra.resume.Definition`)
+    joins the sweep's recorded one (:func:`automodel_hydra.resume.merged`)."""
+    from automodel_hydra import resume
+
     path = launch_dir(sweep_dir) / MANIFEST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, dict[str, tp.Any]] = {}
+    data: dict[str, tp.Any] = {}
     if path.exists():
         try:
-            jobs = {r["job_dir"]: r for r in json.loads(path.read_text())["jobs"]}
-        except (ValueError, KeyError):
-            jobs = {}
+            data = json.loads(path.read_text())
+            jobs = {r["job_dir"]: r for r in data["jobs"]}
+        except (ValueError, KeyError, TypeError):
+            data, jobs = {}, {}
     jobs.update({str(s.plan.job.job_dir): {**s.record(), **(extra or {}).get(str(s.plan.job.job_dir), {})}
                  for s in subs})
-    path.write_text(json.dumps({"jobs": list(jobs.values())}, indent=2) + "\n")
+    out: dict[str, tp.Any] = {"jobs": list(jobs.values())}
+    if definition is not None or isinstance(data.get(resume.DEFINITION_KEY), dict):
+        out[resume.DEFINITION_KEY] = (resume.merged(data.get(resume.DEFINITION_KEY), definition)
+                                      if definition is not None else data[resume.DEFINITION_KEY])
+    path.write_text(json.dumps(out, indent=2) + "\n")
     return path
 
 
@@ -591,25 +636,18 @@ def run(cfg: DictConfig) -> tp.Any:
     launched_by = launched_rank()
     if launched_by is not None:
         return run_as_rank(cfg, launched_by)
-    try:
+    with one_line_exits():
         prepared = prepare(cfg, sweep=False)
         print(f"run dir: {prepared.job.job_dir}", flush=True)
         (outcome,) = launch([prepared])
-    except Stopped as e:
-        print(f"stopped: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(e.exit_code) from None
-    except USER_ERRORS as e:
-        fail(one_line(e))
-    except LAUNCH_ERRORS as e:
-        fail_launch(e)
-    except Exception as e:
-        fail_unexpected(e)
     try:
         return outcome.value()
     except JobStoppedError as e:  # cancelled from elsewhere: a stop, the same line and status as Ctrl-C's
         print(f"stopped: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        raise SystemExit(stops.CTRL_C_EXIT) from None
     except JobFailedError as e:  # the job's own output above says the rest
+        if outcome.result is not None and outcome.result.traceback:  # the first failed rank's, once
+            print(outcome.result.traceback, file=sys.stderr, flush=True)
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
@@ -643,8 +681,9 @@ def fail(message: str) -> tp.NoReturn:
 
 
 #: What goes wrong while submitting or running after every check passed (sbatch refused the job, the job dir is
-#: held by another run, a job failed): exit 1 with the error's own line (:func:`fail_launch`).
-LAUNCH_ERRORS = (JobFailedError, SubmitError)
+#: held by another run, a job failed, its scheduler could not be asked any more while waiting): exit 1 with the
+#: error's own line (:func:`fail_launch`).
+LAUNCH_ERRORS = (JobFailedError, SubmitError, SchedulerUnreachable)
 
 
 def fail_launch(error: BaseException) -> tp.NoReturn:
@@ -664,6 +703,30 @@ def fail_unexpected(error: BaseException) -> tp.NoReturn:
     log.error("unexpected error", exc_info=error)
     print("error: " + BUG_LINE.format(kind=type(error).__name__, error=error), file=sys.stderr, flush=True)
     raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def one_line_exits(say_stopped: tp.Callable[[str], object] | None = None) -> tp.Iterator[None]:
+    """How a launching command ends when its launch raises, the same for a single run, a sweep and a sweep of call
+    jobs: a stop (:class:`Stopped`) says ``stopped: <line>`` (on stderr, or through ``say_stopped``: a sweep's
+    logger) and exits 128 + the signal; a mistake the user can fix (:data:`USER_ERRORS`) exits 2 with one line
+    (:func:`fail`); a launch that failed after every check (:data:`LAUNCH_ERRORS`) exits 1 with one line
+    (:func:`fail_launch`); anything else is a bug (:func:`fail_unexpected`: exit 1, its traceback logged)."""
+    try:
+        yield
+    except Stopped as e:
+        line = f"stopped: {e}"
+        if say_stopped is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            say_stopped(line)
+        raise SystemExit(e.exit_code) from None
+    except USER_ERRORS as e:
+        fail(one_line(e))
+    except LAUNCH_ERRORS as e:
+        fail_launch(e)
+    except Exception as e:
+        fail_unexpected(e)
 
 
 
@@ -727,17 +790,17 @@ def run_as_rank(cfg: DictConfig, launched_by: str) -> tp.Any:
     if prepared.dry_run:
         print(f"dry run: wrote {job.job_file}; {launched_by} started this task as a rank, nothing was run", flush=True)
         return None
-    result = worker.run(job.job_file, str(job.log_file))
+    # who started this task is known: srun (directly, or as submitit's job script runs it), or submitit's local
+    # controller; the environment's other variables decide nothing
+    start = worker.Start(None, "local") if launched_by == "submitit (local)" else worker.Start("srun", "slurm")
+    result = worker.run(job.job_file, str(job.log_file), start=start)
     return result.get("loss")
 
 
 # ----------------------------------------------------------------------------------------------- launcher sections
 
-#: A launcher section and the ``launcher=`` choice that gives a job one.
-SECTIONS = {"slurm": "launcher=slurm", "skypilot": "launcher=skypilot"}
-
-
-def unselected_section_message(overrides: tp.Iterable[str], sections: tp.Iterable[str] = tuple(SECTIONS)) -> str | None:
+def unselected_section_message(overrides: tp.Iterable[str],
+                               sections: tp.Iterable[str] = LAUNCHER_SECTIONS) -> str | None:
     """The one-line error for overrides that set a key of a launcher section the job does not have
     (``slurm.nodes=4`` without ``launcher=slurm``), or None when no override does."""
     wanted = tuple(sections)
@@ -745,8 +808,9 @@ def unselected_section_message(overrides: tp.Iterable[str], sections: tp.Iterabl
         key = str(override).lstrip("~+").split("=", 1)[0]
         section = key.split(".", 1)[0]
         if "." in key and section in wanted:
-            return (f"{override}: {key} is an option of {SECTIONS[section]}, and this job's launcher is another: "
-                    f"add {SECTIONS[section]} to the command line (or drop {key})")
+            choice = selected_by(section)
+            return (f"{override}: {key} is an option of {choice}, and this job's launcher is another: "
+                    f"add {choice} to the command line (or drop {key})")
     return None
 
 
@@ -761,34 +825,22 @@ def refuse_unselected_sections(app_file: str | Path, config_path: str, config_na
     ``launcher=`` choice; then it composes the config once (without those keys) to see whether the section is
     there (a config file or a sweep bundle may give it)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a.lstrip("~+").split("=", 1)[0].split(".", 1)[0] in SECTIONS for a in args if "." in a):
+    if not any(a.lstrip("~+").split("=", 1)[0].split(".", 1)[0] in LAUNCHER_SECTIONS for a in args if "." in a):
         return  # no argument names a section's key: nothing to parse (Hydra's override parser costs ~2 ms each)
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    flags = {"-cp": "path", "--config-path": "path", "-cd": "dir", "--config-dir": "dir", "-cn": "name",
-             "--config-name": "name", "-c": None, "--cfg": None, "-p": None, "--package": None,
-             "--experimental-rerun": None, "-sc": None, "--shell-completion": None}
-    where: dict[str, str] = {}
-    overrides: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, eq, value = arg.partition("=")
-        if arg.startswith("-") and name in flags:
-            if not eq:
-                i += 1
-                value = args[i] if i < len(args) else ""
-            if flags[name]:
-                where[tp.cast(str, flags[name])] = value
-        elif not arg.startswith("-"):
-            overrides.append(arg)
-        i += 1
+    from automodel_hydra import argv as command_line
+
+    line = command_line.parse(args)
+    where = {key: value for key, flag in (("path", "--config-path"), ("dir", "--config-dir"), ("name", "--config-name"))
+             if (value := line.value(flag)) is not None}
+    overrides = line.overrides
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:
         return
     chosen = {str(o.value()) for o in parsed if o.key_or_group == "launcher" and not o.is_sweep_override()}
-    suspects = [o for o in parsed if "." in o.key_or_group and o.key_or_group.split(".")[0] in SECTIONS
+    suspects = [o for o in parsed if "." in o.key_or_group and o.key_or_group.split(".")[0] in LAUNCHER_SECTIONS
                 and o.key_or_group.split(".")[0] not in chosen]
     if not suspects:
         return

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import errno
 import functools
 import os
 import re
@@ -105,7 +106,10 @@ def _tilde_line(override: str, lines: list[str]) -> str | None:
         return None
     key, _, value = override.partition("=")
     simple = not any(c in value for c in "[]{}(),'\" \t")
-    if simple and value.startswith("~"):  # a home path: no shell expands a quoted ~, nor does the recipe
+    elsewhere = _home_elsewhere(key)
+    if simple and value.startswith("~") and elsewhere:  # another machine's home: never this one's path
+        fix = f"""quote the value: '{key}="{value}"' (~ there is {elsewhere})"""
+    elif simple and value.startswith("~"):  # a home path: no shell expands a quoted ~, nor does the recipe
         fix = (f"write the path out: {key}={os.path.expanduser(value)} (a quoted ~ reaches the recipe as the "
                f"character ~; AutoModel's recipes do not expand it), or quote the value for a literal ~: "
                f"""'{key}="{value}"'""")
@@ -114,6 +118,15 @@ def _tilde_line(override: str, lines: list[str]) -> str | None:
     else:
         fix = 'write each home path out ($HOME/...), or quote each value that has ~: "~..."'
     return f"{override}: Hydra's override grammar does not accept an unquoted ~ in a value; on the command line {fix}"
+
+
+def _home_elsewhere(key: str) -> str | None:
+    """Whose home a ``~`` in the value of override ``key`` is when it is not this machine's (``slurm.tunnel.job_dir``:
+    the login node's; :data:`automodel_hydra.backends.slurm_config.HOME_ELSEWHERE`), else None."""
+    from automodel_hydra.backends.slurm_config import HOME_ELSEWHERE
+
+    name = key.lstrip("+~").removeprefix("hydra.launcher.")
+    return HOME_ELSEWHERE.get(name)
 
 
 def one_line_warnings() -> None:
@@ -334,6 +347,13 @@ def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None)
         if not _set_here and _FULL_ERROR in os.environ:  # set since by the user's own code: theirs to see
             raise
         line = describe(e)
+        if line is None and isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+            # Hydra makes a single run's dir before the task function: a name too long is the run dir's
+            from automodel_hydra.paths import too_long
+
+            why = too_long(str(e.filename)) or "File name too long"
+            line = (f"hydra.run.dir={str(e.filename)!r} is invalid: {why}; choose a shorter hydra.run.dir (or "
+                    "hydra.job.name)")
         if line is not None:
             print(f"error: {line}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -14,7 +14,11 @@ Evidence a job leaves in ``launch/ft/`` (written by the ranks, read by the launc
   heartbeat for a while (:data:`DUMP_FRACTION` of ``rank_heartbeat_timeout``), with its rank, host, step and time,
   and the Python stack of every thread; ``resumed_at`` is added when a heartbeat came after all (not a hang);
 * ``attempts.jsonl``: one line per restarted attempt, written by its rank 0: the attempt, the time, the step it
-  resumes from (when the recipe says) and why the previous attempt ended (:func:`restart_reason`).
+  resumes from (when the recipe says) and why the previous attempt ended
+  (:func:`automodel_hydra.outcome.explain`).
+
+Attempts are named by :func:`automodel_hydra.plan.attempt_name` (``attempt<A>``, after a Slurm requeue
+``requeue<K>.attempt<A>``): no attempt's record replaces another's.
 
 Every record carries the launch id of the launch that wrote it (``run_id``, from ``launch/run_id``), and readers
 take only the records of the job's current launch: an earlier launch's hangs and restarts, left in the same job
@@ -28,13 +32,12 @@ standard library, so every backend, the worker and the CLI can use it.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
 
-from automodel_hydra.plan import read_run_id
+from automodel_hydra.plan import attempt_name, read_run_id
 from automodel_hydra.schema import require
 
 #: The pip extra that installs ``ft_launcher`` (``nvidia-resiliency-ext``).
@@ -121,12 +124,12 @@ def evidence_dir(launch_dir: Path) -> Path:
     return Path(launch_dir) / EVIDENCE_DIR
 
 
-def hang_file(launch_dir: Path, rank: int, attempt: int) -> Path:
-    return evidence_dir(launch_dir) / f"hang.rank{rank}.attempt{attempt}.json"
+def hang_file(launch_dir: Path, rank: int, attempt: int, requeue: int = 0) -> Path:
+    return evidence_dir(launch_dir) / f"hang.rank{rank}.{attempt_name(attempt, requeue)}.json"
 
 
-def stack_file(launch_dir: Path, rank: int, attempt: int) -> Path:
-    return evidence_dir(launch_dir) / f"stack.rank{rank}.attempt{attempt}.txt"
+def stack_file(launch_dir: Path, rank: int, attempt: int, requeue: int = 0) -> Path:
+    return evidence_dir(launch_dir) / f"stack.rank{rank}.{attempt_name(attempt, requeue)}.txt"
 
 
 def this_launch(current: str | None, record: tp.Mapping[str, tp.Any]) -> bool:
@@ -141,7 +144,7 @@ def hangs(launch_dir: Path, attempt: int | None = None) -> list[dict[str, tp.Any
     attempt the ranks that were not waiting in a collective (``waiting_in`` unset) come first: the others were
     waiting for them."""
     found, current = [], read_run_id(launch_dir)  # the launch id, read once
-    for path in evidence_dir(launch_dir).glob("hang.rank*.attempt*.json"):
+    for path in evidence_dir(launch_dir).glob("hang.rank*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -151,50 +154,30 @@ def hangs(launch_dir: Path, attempt: int | None = None) -> list[dict[str, tp.Any
         if attempt is None or record.get("attempt") == attempt:
             found.append(record)
     # a rank waiting in a collective waits for the hung one: the ranks that were not waiting come first
-    return sorted(found, key=lambda r: (r.get("attempt", 0), r.get("waiting_in") is not None, r.get("rank", 0)))
+    return sorted(found, key=lambda r: (r.get("requeue") or 0, r.get("attempt", 0), r.get("waiting_in") is not None,
+                                        r.get("rank", 0)))
 
 
 def describe_hang(record: tp.Mapping[str, tp.Any]) -> str:
-    """``"rank 1 hung at step 5 on host vm (no heartbeat for 4.8 s; stack: <path>)"``."""
-    return (f"rank {record.get('rank')} hung at step {record.get('step')} on host {record.get('host')} (no heartbeat "
-            f"for {record.get('silent_s')} s; stack: {record.get('stack')})")
+    """``"rank 1 hung at step 5 on host vm (no heartbeat within fault_tolerance.rank_heartbeat_timeout=8 s; stack:
+    <path>)"``: the timeout that ends a silent rank (the initial one before its first heartbeat), not how long it
+    had been silent when its stack was taken (:data:`DUMP_FRACTION` of that timeout)."""
+    if record.get("timeout_s") is not None:
+        within = f"no heartbeat within fault_tolerance.{record.get('timeout_key')}={record.get('timeout_s'):g} s"
+    else:  # a record of an older version: only how long the rank had been silent when its stack was taken
+        within = f"no heartbeat for {record.get('silent_s')} s"
+    return (f"rank {record.get('rank')} hung at step {record.get('step')} on host {record.get('host')} ({within}; "
+            f"stack: {record.get('stack')})")
 
 
-def restart_reason(launch_dir: Path, attempt: int) -> str:
-    """Why ``attempt`` ended, for the line of the attempt after it: the hang recorded for it, else the exception of
-    the rank that failed first (torch's error file of that attempt under the launcher's ``--log-dir``), else that a
-    rank ended without saying why (e.g. killed by a signal)."""
-    hung = hangs(launch_dir, attempt)
-    if hung:
-        r = hung[0]
-        return f"rank {r.get('rank')} hung at step {r.get('step')}"
-    failed = []
-    # <launcher's --log-dir>/<rendezvous run id>_<random>/attempt_<k>/<local rank>/error.json (torch.distributed.
-    # elastic's DefaultLogsSpecs); on Slurm one log dir per node. A rank knows its rendezvous run id
-    # (TORCHELASTIC_RUN_ID): an earlier launch's error files in the same --log-dir are not this one's.
-    rdzv = os.environ.get("TORCHELASTIC_RUN_ID")
-    pattern = f"**/{rdzv}_*/attempt_{attempt}/*/error.json" if rdzv else f"**/attempt_{attempt}/*/error.json"
-    for path in Path(launch_dir).glob(pattern):
-        try:
-            written = path.stat().st_mtime_ns
-            message = json.loads(path.read_text())["message"]
-            text = str(message["message"] if isinstance(message, dict) else message)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        failed.append((written, int(path.parent.name) if path.parent.name.isdigit() else 0, first[:200]))
-    if failed:  # the first to fail is the cause: the others failed because it did ("Connection closed by peer")
-        _, rank, first = min(failed)
-        return f"local rank {rank} failed: {first}"
-    return "a rank ended without an error (e.g. killed by a signal)"
-
-
-def record_attempt(launch_dir: Path, attempt: int, time_s: float, resumed_step: int | None = None) -> None:
-    """Rank 0 of a restarted attempt: append its line to ``launch/ft/attempts.jsonl``."""
+def record_attempt(launch_dir: Path, attempt: int, time_s: float, reason: str, resumed_step: int | None = None,
+                   requeue: int = 0) -> None:
+    """Rank 0 of a restarted attempt: append its line to ``launch/ft/attempts.jsonl`` (``reason``: why the attempt
+    before it ended, :func:`automodel_hydra.outcome.explain`)."""
     path = evidence_dir(launch_dir) / ATTEMPTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = {"attempt": attempt, "time": time_s, "resumed_step": resumed_step,
-            "reason": restart_reason(launch_dir, attempt - 1), "run_id": read_run_id(launch_dir)}
+    line = {"attempt": attempt, "requeue": requeue, "time": time_s, "resumed_step": resumed_step, "reason": reason,
+            "run_id": read_run_id(launch_dir)}
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -231,8 +214,9 @@ def restart_summary(launch_dir: Path) -> str:
 def final_hang(launch_dir: Path) -> str | None:
     """The hang recorded for the current launch's last attempt (its last restart, else the first attempt),
     described (:func:`describe_hang`), or None: what ended a job whose restarts were spent."""
-    last = max((int(r.get("attempt", 0)) for r in attempts(launch_dir)), default=0)
-    found = hangs(launch_dir, last)
+    rows = [*attempts(launch_dir), *hangs(launch_dir)]
+    last = max(((int(r.get("requeue") or 0), int(r.get("attempt", 0))) for r in rows), default=(0, 0))
+    found = [h for h in hangs(launch_dir, last[1]) if int(h.get("requeue") or 0) == last[0]]
     return describe_hang(found[0]) if found else None
 
 

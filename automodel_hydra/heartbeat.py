@@ -1,9 +1,9 @@
 """Heartbeats without user code, and the evidence of a hung rank (every rank; see
 :mod:`automodel_hydra.fault_tolerance`).
 
-:func:`install` (called by the worker once the process group is up, before the recipe runs) does nothing unless
-the rank was started by ``ft_launcher`` (its rank monitor's socket in the environment: the monitor client raises
-without one). Under ``ft_launcher`` it
+:func:`install` is called by the worker once the process group is up, before the recipe runs, for a rank that the
+job's plan has ``ft_launcher`` start (``--started-by ft_launcher``; never guessed from a rank monitor's socket
+found in the environment). It
 
 * connects nvidia-resiliency-ext's ``RankMonitorClient`` (``init_workload_monitoring``), whose config (the
   heartbeat timeouts) comes from the rank monitor;
@@ -43,6 +43,7 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra import fault_tolerance as ftm
+from automodel_hydra import ledger
 from automodel_hydra.plan import read_run_id
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ class Monitor:
     watchdog alone); timeouts in seconds."""
 
     def __init__(self, launch_dir: Path, rank: int, attempt: int, client: tp.Any, *, timeout_s: float,
-                 initial_timeout_s: float, termination_signal: int = signal.SIGKILL, poll_s: float = 0.5) -> None:
+                 initial_timeout_s: float, termination_signal: int = signal.SIGKILL, poll_s: float = 0.5,
+                 requeue: int = 0) -> None:
         self.launch_dir, self.rank, self.attempt, self.client = Path(launch_dir), rank, attempt, client
+        self.requeue = requeue
         self.timeout_s, self.initial_timeout_s, self.poll_s = timeout_s, initial_timeout_s, poll_s
         self.host = socket.gethostname()
         self.main_ident = threading.main_thread().ident
@@ -66,8 +69,8 @@ class Monitor:
         self._stop = threading.Event()
         self._hook: tp.Any = None
         self._lock = threading.Lock()
-        self.stack_path = ftm.stack_file(self.launch_dir, rank, attempt)
-        self.hang_path = ftm.hang_file(self.launch_dir, rank, attempt)
+        self.stack_path = ftm.stack_file(self.launch_dir, rank, attempt, requeue)
+        self.hang_path = ftm.hang_file(self.launch_dir, rank, attempt, requeue)
         self.stack_path.parent.mkdir(parents=True, exist_ok=True)
         if termination_signal != signal.SIGKILL:
             self._stack = self.stack_path.open("w", encoding="utf-8")
@@ -107,9 +110,16 @@ class Monitor:
         threading.Thread(target=self._watch, name="automodel-ft-watchdog", daemon=True).start()
         return self
 
+    def timeout(self) -> tuple[float, str]:
+        """The timeout that ends this rank when it stays silent, and its key: ``rank_heartbeat_timeout`` once it
+        sent a heartbeat, ``initial_rank_heartbeat_timeout`` before (ft_launcher's rank monitor applies them so)."""
+        if self.steps:
+            return self.timeout_s, "rank_heartbeat_timeout"
+        return self.initial_timeout_s, "initial_rank_heartbeat_timeout"
+
     def silent_after(self) -> float:
         """Seconds without a heartbeat after which the stack is written."""
-        return ftm.DUMP_FRACTION * (self.timeout_s if self.steps else self.initial_timeout_s)
+        return ftm.DUMP_FRACTION * self.timeout()[0]
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -127,8 +137,11 @@ class Monitor:
 
     def dump(self, silent_s: float) -> None:
         """Write ``hang.rank<R>.attempt<A>.json`` and the stack of every thread."""
-        record = {"rank": self.rank, "host": self.host, "attempt": self.attempt, "step": self.step + 1,
-                  "completed_steps": self.step, "silent_s": round(silent_s, 1), "time": time.time(), "at": _now(),
+        timeout_s, timeout_key = self.timeout()
+        record = {"rank": self.rank, "host": self.host, "node": ledger.node_name(),
+                  "attempt": self.attempt, "requeue": self.requeue,
+                  "step": self.step + 1, "completed_steps": self.step, "silent_s": round(silent_s, 1),
+                  "timeout_s": timeout_s, "timeout_key": timeout_key, "time": time.time(), "at": _now(),
                   "pid": os.getpid(), "stack": str(self.stack_path), "waiting_in": waiting_in(self.main_ident),
                   "run_id": read_run_id(self.launch_dir)}
         header = (f"rank {self.rank} on {self.host} (pid {os.getpid()}), attempt {self.attempt}: no heartbeat for "
@@ -148,8 +161,12 @@ class Monitor:
         if f is not self._stack:
             f.close()
         _write_json(self.hang_path, record)
-        log.error("no heartbeat for %.1f s at step %d: stack of every thread in %s", silent_s, self.step + 1,
-                  self.stack_path)
+        if record["waiting_in"] is not None:  # blocked in a collective: waiting for the silent rank, not hung itself
+            log.info("waiting in %s for %.1f s at step %d (a peer is silent): stack in %s", record["waiting_in"],
+                     silent_s, self.step + 1, self.stack_path)
+        else:
+            log.error("no heartbeat for %.1f s at step %d (fault_tolerance.%s=%g s ends this rank): stack of every "
+                      "thread in %s", silent_s, self.step + 1, timeout_key, timeout_s, self.stack_path)
 
     def _update_hang(self, **extra: tp.Any) -> None:
         try:
@@ -187,32 +204,55 @@ def beat() -> None:
         _active.beat()
 
 
-def under_ft_launcher(environ: tp.Mapping[str, str] = os.environ) -> bool:
-    """Whether this rank was started by ``ft_launcher`` (its rank monitor's socket is set)."""
-    return ftm.RANK_MONITOR_ENV in environ
-
-
-def install(launch_dir: Path, rank: int, environ: tp.Mapping[str, str] = os.environ) -> Monitor | None:
-    """Heartbeats and the watchdog for this rank when ``ft_launcher`` started it, else None (a no-op). Call once
-    the process group is up. Raises what ``RankMonitorClient.init_workload_monitoring`` raises."""
+def install(launch_dir: Path, rank: int, attempt: int = 0, requeue: int = 0,
+            environ: tp.Mapping[str, str] = os.environ) -> Monitor:
+    """Heartbeats and the watchdog for this rank, which ``ft_launcher`` started (the job's plan says so: the
+    worker's ``--started-by ft_launcher``; a rank monitor's socket left in another job's environment is never taken
+    for one). Call once the process group is up. ``attempt``/``requeue``: this rank's in-job restart and Slurm
+    requeue counts. Raises RuntimeError when the rank monitor's socket (``FT_RANK_MONITOR_IPC_SOCKET``, which
+    ft_launcher sets in every rank) is missing, and what ``RankMonitorClient.init_workload_monitoring`` raises."""
     global _active
-    if not under_ft_launcher(environ):
-        return None
+    if ftm.RANK_MONITOR_ENV not in environ:
+        raise RuntimeError(f"{ftm.LAUNCHER} started this rank (the job's plan says so), but ${ftm.RANK_MONITOR_ENV} "
+                           "is not set: no rank monitor to send heartbeats to")
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
     client = RankMonitorClient()
     client.init_workload_monitoring()
     cfg = client.cfg
-    attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     big = 10.0 * 365 * 24 * 3600  # a timeout of None means none
     monitor = Monitor(launch_dir, rank, attempt, client,
                       timeout_s=float(cfg.rank_heartbeat_timeout or big),
                       initial_timeout_s=float(cfg.initial_rank_heartbeat_timeout or big),
-                      termination_signal=int(cfg.rank_termination_signal))
+                      termination_signal=int(cfg.rank_termination_signal), requeue=requeue)
     _active = monitor.start()
     log.info("fault tolerance: heartbeats on every optimizer step (attempt %d, heartbeat timeout %s s)", attempt,
              cfg.rank_heartbeat_timeout)
     return monitor
+
+
+def no_restart(reason: str) -> bool:
+    """Ask this rank's ``ft_launcher`` not to restart the worker group: a failure that a restart repeats
+    (:mod:`automodel_hydra.failures`). nvidia-resiliency-ext's workload control request
+    ``WorkloadAction.ShutdownWorkload`` ("shutdown rendezvous, do not restart ranks",
+    ``RankMonitorClient.send_workload_control_request``) reaches the launcher over its IPC socket; at the next
+    rendezvous, which the failure starts, the launcher closes the rendezvous and every node's launcher exits
+    instead of restarting. Returns whether the request was sent (False outside ft_launcher, or when the
+    launcher's socket is gone)."""
+    try:
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, WorkloadAction, WorkloadControlRequest
+    except ImportError:
+        return False
+    client = _active.client if _active is not None and _active.client is not None else None
+    try:
+        if client is None:  # failed before the heartbeats started: connect for this request alone
+            client = RankMonitorClient()
+            client.init_workload_monitoring()
+        client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
+    except Exception as e:  # the request is best effort: the failure itself is reported either way
+        log.warning("could not ask %s not to restart (%s)", ftm.LAUNCHER, str(e).splitlines()[0] if str(e) else e)
+        return False
+    return True
 
 
 def uninstall() -> None:

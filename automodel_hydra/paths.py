@@ -24,6 +24,12 @@ The rule (docs/architecture.md, "Paths a job writes"):
   mount), so the recipe's sections reach the ranks unchanged. A relative or ``~`` path (it would mean another
   dir there) and a path that does not exist here are one line naming the key, the value and what to write. A Hub
   id is not a path and is left alone.
+* **A path built from names the user chose fits the filesystem, or the job is refused before it is made**
+  (:func:`too_long`, :func:`name_problems`): a sweep's job dir (``hydra.sweep.dir`` and ``hydra.sweep.subdir``,
+  e.g. ``${hydra.job.override_dirname}`` of many overrides), the job log and the nsys reports named after
+  ``hydra.job.name``, the written dirs. A name over the filesystem's limit (``NAME_MAX``, 255 bytes on Linux's
+  filesystems) or a path over ``PATH_MAX`` is one line naming the key, the limit and the way out, instead of an
+  ``OSError: File name too long`` traceback.
 * **Unwritable dirs are found before any rank starts** (:func:`write_problems`), where this machine can know:
   the job dir always (the launch writes ``launch/`` there and reads ``result.json`` back from it, so it is on a
   filesystem this machine shares with the ranks), and every other written dir on the interactive launcher and
@@ -33,11 +39,12 @@ The rule (docs/architecture.md, "Paths a job writes"):
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import ConfigError, UserError
 
 if tp.TYPE_CHECKING:
     from automodel_hydra.config import TrainConfig
@@ -46,6 +53,22 @@ if tp.TYPE_CHECKING:
 #: (automodel_hydra.checkpoint has the layout; named here so that planning knows them without importing torch).
 POINTER = "latest"
 METADATA = ".metadata"
+#: The bundled recipe's checkpoint dir when ``checkpoint.dir`` is null, under the job's output dir (AutoModel's own
+#: default, ``checkpoint.checkpoint_dir: checkpoints/``, is the same name: automodel_hydra.automodel_resume).
+DEFAULT_CHECKPOINT_DIR = "checkpoints"
+#: A checkpoint's step dir, ``step-N``: N is the optimizer step it was saved after (:func:`step_dir_name`).
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """The name of the step dir of a checkpoint saved after ``step``: ``step-50``."""
+    return f"step-{step}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a step dir's name gives (``step-50`` -> 50); None for any other name."""
+    m = STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
 
 
 def pointer_dir(path: str | os.PathLike | None) -> Path | None:
@@ -102,7 +125,7 @@ def written_dirs(cfg: TrainConfig, job_dir: Path) -> list[tuple[str, Path]]:
     found: list[tuple[str, Path]] = [("output_dir", job_dir)]
     if cfg.bundled:
         if cfg.checkpoint.enabled:
-            found.append(("checkpoint.dir", Path(job_dir) / (cfg.checkpoint.dir or "checkpoints")))
+            found.append(("checkpoint.dir", cfg.checkpoint.under(job_dir)))
         if cfg.profile.nsys.enabled and cfg.profile.nsys.output_dir:
             found.append(("profile.nsys.output_dir", Path(job_dir) / cfg.profile.nsys.output_dir))
     else:
@@ -275,3 +298,90 @@ def outermost(paths: tp.Iterable[str]) -> list[str]:
         if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
             kept.append(p)
     return kept
+
+
+#: The longest file name and path, in bytes, where the filesystem does not say (``pathconf(3)``: ``NAME_MAX`` and
+#: ``PATH_MAX`` on Linux; ext4, xfs, NFS, Lustre and GPFS all take 255-byte names).
+NAME_MAX, PATH_MAX = 255, 4096
+#: How much longer than ``hydra.job.name`` the longest file named after it is: an nsys report,
+#: ``<name>_<host>_rank<N>_requeue<K>_attempt<A>.nsys-rep`` (a host name is at most 64 bytes, HOST_NAME_MAX).
+NAMED_AFTER_JOB = len("_" + "h" * 64 + "_rank99999_requeue999_attempt999.nsys-rep")
+
+
+def limits(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(NAME_MAX, PATH_MAX)`` of the filesystem ``path`` is (or would be) on: its nearest existing ancestor's
+    ``os.pathconf``, else :data:`NAME_MAX` and :data:`PATH_MAX`."""
+    base = Path(os.path.abspath(path))
+    while base.parent != base:  # the nearest existing ancestor (a name too long fails even to stat)
+        try:
+            if base.exists():
+                break
+        except OSError:
+            pass
+        base = base.parent
+    out = []
+    for name, default in (("PC_NAME_MAX", NAME_MAX), ("PC_PATH_MAX", PATH_MAX)):
+        try:
+            out.append(int(os.pathconf(base, name)) or default)
+        except (OSError, ValueError):
+            out.append(default)
+    return out[0], out[1]
+
+
+def too_long(path: str | os.PathLike[str], extra: int = 0) -> str | None:
+    """Why ``path`` cannot be made (one clause), or None when it fits: a component over the filesystem's name
+    limit (``extra``: bytes a file named after the last component adds) or the whole over its path limit."""
+    name_max, path_max = limits(path)
+    parts = Path(os.path.abspath(path)).parts
+    for i, part in enumerate(parts):
+        size = len(os.fsencode(part)) + (extra if i == len(parts) - 1 else 0)
+        if size > name_max:
+            shown = part if len(part) <= 60 else f"{part[:28]}...{part[-28:]}"
+            return (f"it makes a name of {size} bytes ({shown!r}{' and what is named after it' if extra else ''}), "
+                    f"over the file system's {name_max}-byte limit for a name")
+    total = len(os.fsencode(os.path.abspath(path))) + extra
+    if total > path_max:
+        return f"it makes a path of {total} bytes, over the file system's {path_max}-byte limit for a path"
+    return None
+
+
+class PathTooLongError(ConfigError):
+    """A path made from a name the user chose is too long for the filesystem (:func:`too_long`)."""
+
+
+def sweep_dir_problem(sweep_dir: str, subdir: str, subdir_text: str, overrides: tp.Sequence[str] = ()
+                      ) -> PathTooLongError | None:
+    """The one line for a sweep job's dir ``sweep_dir/subdir`` (``subdir_text``: ``hydra.sweep.subdir`` as the
+    config writes it) that is too long to make, naming the key whose part is too long and the way out; None when
+    it fits."""
+    why = too_long(os.path.join(sweep_dir, subdir))
+    if why is None:
+        return None
+    if too_long(sweep_dir) is not None:
+        return PathTooLongError("hydra.sweep.dir", sweep_dir, f"{why}; choose a shorter hydra.sweep.dir")
+    longest = sorted(overrides, key=len, reverse=True)[:3]  # the overrides that make most of the name
+    keys = list(dict.fromkeys(o.lstrip("+~").partition("=")[0] for o in longest))
+    exclude = f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]" if keys else (
+        "hydra.job.config.override_dirname.exclude_keys=[...]")
+    return PathTooLongError("hydra.sweep.subdir", subdir_text, f"{why}; leave keys out of the name with {exclude} "
+                            "(they stay in .hydra/overrides.yaml), or choose a shorter subdir such as "
+                            "hydra.sweep.subdir=${hydra.job.num}")
+
+
+def name_problems(cfg: TrainConfig, job_dir: Path, job_name: str) -> list[UserError]:
+    """The paths a job makes from names the user chose that the filesystem cannot hold (:func:`too_long`): its
+    job log and nsys reports, named after ``hydra.job.name``; every written dir (:func:`written_dirs`). One line
+    each, naming the key and the limit."""
+    problems: list[UserError] = []
+    nsys = cfg.profile.nsys
+    named = (Path(job_dir) / (nsys.output_dir or "") / job_name if nsys.enabled else Path(job_dir) / job_name)
+    why = too_long(named, extra=NAMED_AFTER_JOB if nsys.enabled else len(".log"))
+    if why is not None:
+        problems.append(PathTooLongError("hydra.job.name", job_name, f"{why}: the job log and the nsys reports are "
+                                         "named after it; choose a shorter hydra.job.name"))
+    for key, path in written_dirs(cfg, Path(job_dir)):
+        why = too_long(path)
+        if why is not None:
+            name = "hydra.run.dir (the job dir)" if key == "output_dir" else key
+            problems.append(PathTooLongError(name, str(path), f"{why}; choose a shorter one"))
+    return problems

@@ -64,6 +64,14 @@ CALL_ERROR_FILE = "call_error.pkl"
 #: submits; the job echoes it in what it writes back (``result.json``'s ``run_id``, a call result's header), so
 #: that whether the job completed *this* launch is read from what the job wrote, never from two machines' clocks.
 RUN_ID_FILE = "run_id"
+#: ``launch/tracker_id``: the job's own id for experiment trackers, made the first time its dir is planned and kept
+#: by every later launch of that dir (a relaunch, a sweep's resume), so that a job is one tracker run for its whole
+#: life (:func:`tracker_env`); a sweep dir's ``launch/tracker_id`` is the sweep's, its members' run group.
+TRACKER_ID_FILE = "tracker_id"
+#: What the ranks get from it (W&B's environment variables, read by ``wandb.init`` when it is given no ``id=``,
+#: ``resume=``, ``group=``): the job's id, ``allow`` (resume the run of that id when it exists, else create it: the
+#: same run across in-job restarts, requeues, spot recoveries and relaunches) and, for a sweep's members, the sweep.
+TRACKER_VARS = {"id": "WANDB_RUN_ID", "resume": "WANDB_RESUME", "group": "WANDB_RUN_GROUP"}
 
 RequestT = tp.TypeVar("RequestT")
 RefT = tp.TypeVar("RefT")
@@ -99,6 +107,10 @@ class JobSpec:
     #: where the launch's code snapshot goes (:mod:`automodel_hydra.snapshot`): ``<launch dir>/code`` of the run,
     #: or of the sweep dir for a sweep's jobs (one snapshot shared by them); set by ``driver.launch``
     code_dir: Path | None = None
+    #: the job's ``launch/tracker_id`` and, for a sweep's member, the sweep's (:data:`TRACKER_ID_FILE`); set by
+    #: ``driver.launch``
+    tracker_id: str | None = None
+    tracker_group: str | None = None
 
     @property
     def launch_dir(self) -> Path:
@@ -154,10 +166,65 @@ class JobSpec:
         """``launch/run_id`` (:data:`RUN_ID_FILE`)."""
         return self.launch_dir / RUN_ID_FILE
 
+    @property
+    def tracker_id_file(self) -> Path:
+        """``launch/tracker_id`` (:data:`TRACKER_ID_FILE`)."""
+        return self.launch_dir / TRACKER_ID_FILE
 
-def worker_argv(job: JobSpec, python: str = "python") -> list[str]:
-    """The command every rank runs: ``python -u -m automodel_hydra.worker <job.yaml> --log-file <log>``."""
-    return [python, "-u", "-m", "automodel_hydra.worker", str(job.job_file), "--log-file", str(job.log_file)]
+
+def tracker_env(job: JobSpec) -> tuple[tuple[str, str], ...]:
+    """The variables every rank of ``job`` gets for its tracker run (:data:`TRACKER_VARS`): ``WANDB_RUN_ID`` =
+    the job's id, ``WANDB_RESUME=allow``, and ``WANDB_RUN_GROUP`` = the sweep's id for a sweep's member; none
+    before ``driver.launch`` has given the job its id. The backends put them before ``hydra.job.env_set`` and
+    their own ``env_vars``, which therefore win, as does an explicit ``wandb.init(id=...)`` (AutoModel's
+    ``wandb.id``); the submitting shell's own ``WANDB_RUN_ID`` does not (docs/outputs.md, "One tracker run")."""
+    if job.tracker_id is None:
+        return ()
+    out = [(TRACKER_VARS["id"], job.tracker_id), (TRACKER_VARS["resume"], "allow")]
+    if job.tracker_group is not None:
+        out.append((TRACKER_VARS["group"], job.tracker_group))
+    return tuple(out)
+
+
+def stable_tracker_id(launch_dir: Path) -> str:
+    """The id in ``launch_dir/tracker_id`` (a job's or a sweep's), or a fresh one (:func:`new_run_id`'s form) when
+    there is none yet; writes nothing (:func:`write_tracker_id` does, with the launch's files)."""
+    try:
+        found = (Path(launch_dir) / TRACKER_ID_FILE).read_text().strip()
+    except OSError:
+        found = ""
+    return found or new_run_id()
+
+
+def write_tracker_id(launch_dir: Path, value: str) -> None:
+    """Write ``launch_dir/tracker_id`` unless it holds ``value`` already (atomically: tmp + replace)."""
+    path = Path(launch_dir) / TRACKER_ID_FILE
+    try:
+        if path.read_text().strip() == value:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{TRACKER_ID_FILE}.{os.getpid()}")
+    tmp.write_text(value + "\n")
+    os.replace(tmp, path)
+
+
+def worker_argv(job: JobSpec, python: str = "python", spec_file: str = JOB_FILE, started_by: str | None = None,
+                scheduler: str | None = None) -> list[str]:
+    """The command every rank runs: ``python -u -m automodel_hydra.worker <launch/job.yaml> --log-file <log>``
+    (``spec_file``: another spec in the launch dir, e.g. one planned with another machine's paths), plus who starts
+    the rank and under which scheduler (``--started-by``, ``--scheduler``: :data:`automodel_hydra.bootstrap.
+    STARTERS`, :data:`~automodel_hydra.bootstrap.SCHEDULERS`), so that no rank guesses it from its environment."""
+    return [python, "-u", "-m", "automodel_hydra.worker", str(job.launch_dir / spec_file), "--log-file",
+            str(job.log_file), *(["--started-by", started_by] if started_by else []),
+            *(["--scheduler", scheduler] if scheduler else [])]
+
+
+def attempt_name(restart: int, requeue: int = 0) -> str:
+    """``attempt<restart>`` (the in-job restart count), ``requeue<n>.attempt<restart>`` after a Slurm requeue: how
+    a per-attempt file is named, so that no attempt's hang record, end, error file or report replaces another's."""
+    return (f"requeue{requeue}." if requeue else "") + f"attempt{restart}"
 
 
 def call_argv(job: JobSpec, python: str = "python") -> list[str]:
@@ -194,6 +261,9 @@ class Batch(tp.Generic[RequestT]):
     plans: tuple[Plan[RequestT], ...]
     #: absolute path -> text: each job's launch files, plus the batch's own (e.g. the sweep's array script)
     files: tp.Mapping[Path, str]
+    #: the sweep's ``max_failures`` (:mod:`automodel_hydra.sweep_policy`), for a backend that starts its members
+    #: itself (``Backend.stops_after_failures``); None: never stop
+    max_failures: int | None = None
 
 
 def job_batch(plan: Plan[RequestT]) -> Batch[RequestT]:
@@ -250,6 +320,8 @@ class JobResult:
     #: a stopped job: how its processes ended (a local job: ``ended within the 30 s grace time``, ``killed after
     #: 30 s: rank 1 (pid 12), ...``, ``never started``), for the stop line
     stop: str | None = None
+    #: a failed job: the first failed rank's traceback (its error file), shown once above the command's last line
+    traceback: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -289,6 +361,13 @@ class SubmitError(RuntimeError):
     message), or the job dir is held by another run. One line, exit status 1 (:data:`driver.LAUNCH_ERRORS`)."""
 
 
+class SchedulerUnreachable(RuntimeError):
+    """Waiting for submitted jobs ended before they did: their scheduler could not be asked for longer than the
+    launch allows (a dropped SSH connection to the login node that did not come back). The jobs are still
+    submitted, their records unchanged; the one line names them and the commands that follow them. Exit status 1
+    (:data:`driver.LAUNCH_ERRORS`), never the config-error status."""
+
+
 class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     """One launcher backend, generic over its typed request, its job reference and the facts its preflight reads.
     Subclasses: ``backends.interactive.Interactive``, ``backends.slurm.Slurm``, ``backends.skypilot.SkyPilot``;
@@ -302,6 +381,12 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     #: the setting that decides whether a sweep's jobs are waited for, as ``(key, the value that waits)``
     #: (``("slurm.detach", False)``); None: they always are
     wait_setting: tp.ClassVar[tuple[str, bool] | None] = None
+    #: whether the backend starts a batch's members itself and honours ``Batch.max_failures`` as they end (the
+    #: local queue); else the waiting side cancels what is still pending (:func:`automodel_hydra.sweep_policy.watch`)
+    stops_after_failures: tp.ClassVar[bool] = False
+    #: whether the ranks' records (``result.json``, ``launch/ranks/``, error files) are in the job dir here (a local
+    #: job; a Slurm job's, shared or copied back), for :mod:`automodel_hydra.outcome`; False: on their nodes (SkyPilot)
+    ranks_write_job_dir: tp.ClassVar[bool] = True
 
     @abc.abstractmethod
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
@@ -346,12 +431,36 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         """Current state of each job, with one scheduler query for all of them where the scheduler allows."""
 
     @abc.abstractmethod
-    def cancel(self, refs: tp.Sequence[RefT]) -> None:
-        """Cancel these jobs (a user's stop: they end CANCELLED and are not requeued)."""
+    def cancel(self, refs: tp.Sequence[RefT], pending_only: bool = False) -> None:
+        """Cancel these jobs (a user's stop: they end CANCELLED and are not requeued); ``pending_only``: only
+        those not started yet when the scheduler gets the request (a sweep stopped by ``max_failures``)."""
 
     @abc.abstractmethod
     def ref_from_record(self, record: tp.Mapping[str, tp.Any]) -> RefT:
         """The typed reference saved in a submission record."""
+
+    def read_log(self, ref: RefT, log: Path, pos: int) -> tuple[int, bytes] | None:
+        """The job's log from byte ``pos`` on, as ``(offset, data)`` (offset 0 when the log is shorter than ``pos``:
+        replaced or truncated, read it from its start again), or None while there is none. ``log`` is the
+        record's ``log_path`` here. Default: that file on this machine (:func:`read_from`)."""
+        return read_from(log, pos)
+
+    def fetch_results(self, jobs: tp.Sequence[tuple[RefT, Path, str | None]]) -> None:
+        """Copy what jobs wrote where they ran (their results, metrics, logs) into their local job dirs, for
+        ``(reference, local job dir, record's log_path)``; one that cannot be reached leaves the local copies as
+        they are. Default: nothing (the jobs write here)."""
+
+
+def read_from(path: Path | str, pos: int) -> tuple[int, bytes] | None:
+    """What the file ``path`` on this machine holds from byte ``pos`` on, as ``(offset, data)``: offset 0 when it
+    is shorter than ``pos`` (replaced or truncated: read from its start again); None while there is no file."""
+    try:
+        with Path(path).open("rb") as f:
+            start = 0 if os.fstat(f.fileno()).st_size < pos else pos
+            f.seek(start)
+            return start, f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
 
 
 def new_run_id() -> str:
@@ -417,9 +526,12 @@ TORCHRUN_LOG_DIR = "torchrun"
 
 
 def _error_files(job: JobSpec) -> list[tuple[int, Path, str]]:
-    """``(restart attempt, path, rank)`` of every rank error file the job's dir holds."""
-    candidates = [(0, path, path.name.removeprefix("error.rank").removesuffix(".json"))
-                  for path in job.launch_dir.glob("error.rank*.json")]
+    """``(attempt, path, rank)`` of every rank error file the job's dir holds: torchrun's per restart attempt, and
+    ``launch/error.rank<N>[.requeue<K>].json`` of ranks srun started (one per Slurm requeue ``K``)."""
+    candidates = []
+    for path in job.launch_dir.glob("error.rank*.json"):
+        rank, _, requeue = path.name.removeprefix("error.rank").removesuffix(".json").partition(".requeue")
+        candidates.append((int(requeue) if requeue.isdigit() else 0, path, rank))
     for path in job.launch_dir.glob(f"{TORCHRUN_LOG_DIR}/*/attempt_*/*/error.json"):
         n = path.parent.parent.name.removeprefix("attempt_")
         candidates.append((int(n) if n.isdigit() else 0, path, path.parent.name))
@@ -453,7 +565,14 @@ def rank_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = N
     Read from the error files torch's ``record`` writes (JSON, ``{"message": {"message": "Type: message",
     ...}}``): torchrun's under ``launch/torchrun/`` (one node, so the local rank is the rank; the newest restart
     attempt wins) and ``launch/error.rank<N>.json`` of ranks no torchrun started (Slurm's srun tasks)."""
-    found: list[tuple[int, int, int, str]] = []
+    found = first_error(job, before)
+    return None if found is None else f"rank {found[1]}: {found[2]}"
+
+
+def first_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = None
+                ) -> tuple[Path, int, str] | None:
+    """``(path, rank, first line)`` of the error file :func:`rank_error` quotes (its rule), or None."""
+    found: list[tuple[int, int, int, str, Path]] = []
     for attempt, path, rank in _error_files(job):
         try:
             st = path.stat()
@@ -464,11 +583,11 @@ def rank_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = N
         except (OSError, ValueError, KeyError, TypeError):
             continue
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        found.append((-attempt, st.st_mtime_ns, int(rank), first[:500]))
+        found.append((-attempt, st.st_mtime_ns, int(rank), first[:500], path))
     if not found:
         return None
-    _, _, rank_n, first = min(found)
-    return f"rank {rank_n}: {first}"
+    _, _, rank_n, first, path = min(found)
+    return path, rank_n, first
 
 
 def write_record(sub: Submission[tp.Any]) -> Path:

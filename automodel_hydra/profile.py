@@ -2,7 +2,8 @@
 
 Each rank writes its own report; the name carries node and rank through nsys's own substitutions (``%h`` =
 hostname, ``%q{VAR}`` = an environment variable of the profiled process; "nsys profile --help", option
-``--output``), so ranks never overwrite each other: ``<dir>/<job>_%h_rank%q{RANK}.nsys-rep``.
+``--output``), so neither ranks nor attempts overwrite each other:
+``<dir>/<job>_%h_rank%q{RANK}_attempt%q{TORCHELASTIC_RESTART_COUNT}.nsys-rep`` (:func:`nsys_prefix`).
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ if tp.TYPE_CHECKING:
     from automodel_hydra.config import NsysConfig
 
 
-def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_var: str = "RANK") -> list[str]:
+def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_var: str = "RANK",
+                attempt_vars: tp.Sequence[tuple[str, str]] = ()) -> list[str]:
     """``nsys profile ...`` arguments to put before the rank's command; ``[]`` when profiling is off.
 
     ``rank_var`` is the variable holding the global rank where nsys starts (``RANK`` under torchrun,
-    ``SLURM_PROCID`` for srun tasks). The capture range is ``cudaProfilerApi``: the recipe calls
+    ``SLURM_PROCID`` for srun tasks); ``attempt_vars`` are ``(label, variable)`` pairs naming the attempt where
+    nsys starts (``("attempt", "TORCHELASTIC_RESTART_COUNT")`` under torchrun and ft_launcher, ``("requeue",
+    "AUTOMODEL_REQUEUE")`` under Slurm), each added to the name as ``_<label><value>``: every attempt of a job keeps
+    its own report (``--force-overwrite=true`` would otherwise let a restarted attempt replace the report of the
+    attempt that hung, the one a user wants). The capture range is ``cudaProfilerApi``: the recipe calls
     ``torch.cuda.profiler.start/stop`` around steps ``start_step..stop_step``."""
     if not nsys.enabled:
         return []
     # a relative profile.nsys.output_dir is under the job's output dir (automodel_hydra.paths has the rule)
-    out = Path(output_dir) / (nsys.output_dir or "") / f"{job_name}_%h_rank%q{{{rank_var}}}"
+    attempt = "".join(f"_{label}%q{{{var}}}" for label, var in attempt_vars)
+    out = Path(output_dir) / (nsys.output_dir or "") / f"{job_name}_%h_rank%q{{{rank_var}}}{attempt}"
     argv = ["nsys", "profile", f"--trace={nsys.trace}", "--capture-range=cudaProfilerApi",
             "--capture-range-end=stop", "--force-overwrite=true", f"--output={out}"]
     if nsys.delay_s is not None:
@@ -33,14 +40,19 @@ def nsys_prefix(nsys: NsysConfig, output_dir: str | Path, job_name: str, rank_va
     return argv + list(nsys.extra_args)
 
 
+def missing_nsys_line(where: str) -> str:
+    """The one line for ``profile=nsys`` without ``nsys`` ``where`` (``"on this machine"``, ``"on $(hostname)"``)."""
+    return (f"profile.nsys.enabled=true (profile=nsys) but nsys (Nsight Systems) is not on PATH {where}: install "
+            "Nsight Systems or load its module (e.g. module load nsight-systems), or set profile=none")
+
+
 def nsys_check_lines(nsys: NsysConfig, log_file: str) -> list[str]:
     """Shell lines that stop the job at start with a clear error when ``nsys`` is not on PATH where it runs; the
     error goes to stderr and to the job log ``log_file`` (a bash word: quoted, or a ``"$VAR"/...`` expression), so
     ``automodel-hydra logs`` shows it too."""
     if not nsys.enabled:
         return []
-    message = ('"error: profile.nsys.enabled=true (profile=nsys) but nsys (Nsight Systems) is not on PATH on '
-               '$(hostname): install Nsight Systems or load its module (e.g. module load nsight-systems)"')
+    message = '"error: ' + missing_nsys_line("on $(hostname)") + '"'
     return [f"command -v nsys >/dev/null 2>&1 || {{ echo {message} | tee -a {log_file} >&2; exit 127; }}"]
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import typing as tp
+from pathlib import Path
 
 from automodel_hydra.states import JobState, StateInfo
 
@@ -28,9 +29,10 @@ DEFAULT_POLL_S = 15.0
 
 def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
     """The state of each submission record, from the record's backend: one ``states`` call per backend (one
-    sacct call for a whole Slurm array). A state the backend cannot give is UNKNOWN with the reason; never an
-    error."""
-    from automodel_hydra import backends
+    sacct call for a whole Slurm array), read through what the job's ranks did
+    (:func:`automodel_hydra.outcome.state_info`: no result, no COMPLETED, whatever ``sacct`` says). A state the
+    backend cannot give is UNKNOWN with the reason; never an error."""
+    from automodel_hydra import backends, outcome
 
     out = [StateInfo(JobState.UNKNOWN)] * len(records)
     by_backend: dict[str, list[int]] = {}
@@ -40,8 +42,10 @@ def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
         try:
             impl = backends.get(name)
             infos = impl.states([impl.ref_from_record(records[i]) for i in idx])
+            write = getattr(impl, "ranks_write_job_dir", False)  # (a backend of ours says; another's states stand)
+            infos = [outcome.state_info(records[i], info, write) for i, info in zip(idx, infos)]
         except Exception as e:
-            infos = [StateInfo(JobState.UNKNOWN, f"{type(e).__name__}: {e}".splitlines()[0][:160])] * len(idx)
+            infos = [StateInfo(JobState.UNKNOWN, f"{type(e).__name__}: {e}".splitlines()[0][:160], False)] * len(idx)
         for i, info in zip(idx, infos):
             out[i] = info
     return out
@@ -61,6 +65,20 @@ def summarize(states: tp.Sequence[JobState]) -> str:
     parts.append(f"{sum(done.values())} done"
                  + (f" ({', '.join(f'{n} {s}' for s, n in done.items())})" if done else ""))
     return f"{len(states)} jobs submitted: " + ", ".join(parts)
+
+
+def last_line(sweep_dir: str | Path, states: tp.Sequence[JobState | None]) -> str | None:
+    """The sweep's last line: its dir, what became of its jobs and the command that reports on them, e.g.
+    ``sweep multirun/S: 3 COMPLETED, 1 FAILED; automodel-hydra report multirun/S`` (``states``: each submitted
+    job's final state, None for one that was not waited for: ``slurm.detach``). None when no job was submitted
+    (a dry run)."""
+    if not states:
+        return None
+    done = collections.Counter(s for s in states if s is not None)
+    left = sum(s is None for s in states)
+    parts = [f"{n} {s.value}" for s, n in done.most_common()] + ([f"{left} submitted"] if left else [])
+    follow = f"automodel-hydra status {sweep_dir}; " if left else ""
+    return f"sweep {sweep_dir}: {', '.join(parts)}; {follow}automodel-hydra report {sweep_dir}"
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,8 +86,13 @@ def import_target(target: str) -> tp.Any:
     try:
         obj: tp.Any = importlib.import_module(module_name)
     except ImportError as e:
+        from automodel_hydra.snapshot import CODE_SRC_VAR
+
+        snapshot = os.environ.get(CODE_SRC_VAR)  # set by a job that runs a code snapshot
+        where = (f"; this job imports the code snapshot taken at submission ({snapshot}), which holds what "
+                 "slurm.snapshot took" if snapshot else "")
         raise RecipeError(f"recipe={target!r}: cannot import module {module_name!r} ({e}); it must be importable "
-                          "on every rank (an installed package or PYTHONPATH)") from None
+                          f"on every rank (an installed package or PYTHONPATH){where}") from None
     except Exception as e:  # the module's own code failed (triton without a GPU driver: RuntimeError)
         first = " ".join(str(e).split()) or "no message"
         raise RecipeError(f"recipe={target!r}: importing module {module_name!r} failed here ({type(e).__name__}: "

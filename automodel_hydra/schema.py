@@ -27,7 +27,8 @@ class ConfigError(UserError, ValueError):
 
     def __init__(self, key: str, value: tp.Any, valid: str) -> None:
         self.key, self.value, self.valid = key, value, valid
-        super().__init__(f"{key}={value!r} is invalid: {valid}")
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as the user wrote it: YAML's true
+        super().__init__(f"{key}={shown} is invalid: {valid}")
 
 
 def require(ok: bool, key: str, value: tp.Any, valid: str) -> None:

@@ -77,3 +77,5 @@ class StateInfo:
 
     state: JobState
     reason: str = ""
+    #: False: the scheduler could not be asked (``reason`` says why); the state is what the job's records know
+    answered: bool = True

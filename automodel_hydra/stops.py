@@ -30,8 +30,6 @@ import typing as tp
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-#: The script of torchrun's agent when it was started early (automodel_hydra.prestart): its argv[1] in /proc.
-_EARLY_AGENT = "/automodel_hydra/prestart.py"
 
 #: Seconds a stopped local job's ranks get to checkpoint and exit before what is left is killed (the default of
 #: ``interactive.kill_wait_s``: slurm.conf(5) ``KillWait`` defaults to 30 s, the bound a Slurm job gets).
@@ -40,9 +38,18 @@ DEFAULT_KILL_WAIT_S = 30.0
 #: Set by a second stop signal while a stop is under way: skip the rest of the grace time.
 HURRY = threading.Event()
 
-#: Exit status of a launching command that was stopped by a signal: 128 + the signal's number, as a shell reports
-#: a process killed by it (SIGINT: 130, SIGTERM: 143).
+#: The signals that stop a launching command: every one asks the ranks to checkpoint first (the table above).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_status(signum: int) -> int:
+    """Exit status of a launching command stopped by signal ``signum``: 128 + its number, as a shell reports a
+    process killed by it (SIGINT: 130, SIGTERM: 143)."""
+    return 128 + signum
+
+
+#: A launching command stopped as Ctrl-C stops it (also when its jobs were cancelled from elsewhere): 130.
+CTRL_C_EXIT = exit_status(signal.SIGINT)
 
 
 class StopRequested(BaseException):
@@ -64,7 +71,7 @@ class StopRequested(BaseException):
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum
+        return exit_status(self.signum)
 
 
 def as_stop(error: BaseException) -> StopRequested:
@@ -150,12 +157,13 @@ def describe(pid: int) -> str:
                 rank = item[5:].decode(errors="replace")
     if "automodel_hydra.worker" in words and rank is not None:
         return f"rank {rank} (pid {pid})"
-    if ("torch.distributed.run" in words or any(w.endswith("/torchrun") for w in words[:2])
-            or (len(words) > 1 and words[1].endswith(_EARLY_AGENT))):
+    if "torch.distributed.run" in words or any(w.endswith("/torchrun") for w in words[:2]):
         return f"torchrun (pid {pid})"
     name = next((w for w in words if not w.startswith("-")), "?").rsplit("/", 1)[-1]
     if len(words) > 2 and words[1] == "-m":
         name = words[2]
+    if name == "automodel_hydra.agent" and len(words) > 4:  # the agent it runs: torchrun, ft_launcher
+        name = words[4]
     return f"{name} (pid {pid})"
 
 

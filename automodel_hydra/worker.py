@@ -22,6 +22,7 @@ recipe agrees on it across ranks at the next step boundary, every rank checkpoin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import logging
@@ -34,7 +35,7 @@ import time
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra import heartbeat, quiet
+from automodel_hydra import heartbeat, quiet, streams
 
 log = logging.getLogger("automodel_hydra.worker")
 
@@ -45,6 +46,8 @@ RANK_ERROR_PREFIX = "error.rank"
 
 #: Exit code of a rank that stopped early on a signal and was not requeued (128 + SIGTERM, as a shell reports it).
 EXIT_STOPPED = 143
+#: Exit code of a restarted rank that does not run because the previous attempt's class has no budget left.
+EXIT_NOT_RETRIED = 1
 
 
 class StopFlag:
@@ -99,11 +102,33 @@ def stop_when_parent_dies(signum: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), signum)
 
 
+#: A log record's ``extra`` key: False keeps its traceback off the terminal (it still goes to the job log).
+CONSOLE_TRACEBACK = "console_traceback"
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """The terminal's format: a record logged with ``extra={CONSOLE_TRACEBACK: False}`` shows as its one line, its
+    traceback left to the job log's handler."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, CONSOLE_TRACEBACK, True):
+            return super().format(record)
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
 def setup_logging(rank: int, log_file: str | None) -> None:
     """Rank 0 logs INFO to stderr and appends to the job log; other ranks log warnings to stderr and append only
-    their errors to the job log (so a failing rank's traceback is in the log ``automodel-hydra logs`` shows)."""
+    their errors to the job log (so a failing rank's traceback is in the log ``automodel-hydra logs`` shows). A
+    failed rank's traceback goes to the job log only; on the terminal it is one line (:data:`CONSOLE_TRACEBACK`)."""
     fmt = f"[%(asctime)s][rank{rank}][%(name)s][%(levelname)s] - %(message)s"
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(_ConsoleFormatter(fmt))
+    handlers: list[logging.Handler] = [console]
     if log_file:
         to_file = logging.FileHandler(log_file, mode="a")
         to_file.setLevel(logging.INFO if rank == 0 else logging.ERROR)
@@ -184,7 +209,7 @@ def wait_for_sigterm(stop: StopFlag, poll_s: float = 0.5) -> None:
         time.sleep(poll_s)
 
 
-def requeue(environ: tp.Mapping[str, str] = os.environ) -> None:
+def requeue_job(environ: tp.Mapping[str, str] = os.environ) -> None:
     """Ask Slurm to requeue this job (``scontrol requeue``); it restarts and resumes from its checkpoint."""
     target = slurm_requeue_target(environ)
     log.warning("requeuing Slurm job %s (restart %s of slurm.max_requeues=%s)", target,
@@ -204,24 +229,113 @@ def _agree(flags: tp.Sequence[bool], dist_env: tp.Any) -> list[bool]:
     return [bool(v) for v in t.tolist()]
 
 
-def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None = None) -> dict[str, tp.Any]:
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Who started this rank and under which scheduler, as the job's plan says (the worker's ``--started-by`` and
+    ``--scheduler``: :data:`automodel_hydra.bootstrap.STARTERS`, :data:`~automodel_hydra.bootstrap.SCHEDULERS`). Every
+    decision that depends on it (where the rank is, heartbeats, whether Slurm may requeue, the attempt counts) is
+    taken from here, never from whatever variables the environment holds: a shell may have left torchrun's,
+    Slurm's, SkyPilot's or ft_launcher's there."""
+
+    started_by: str | None = None  # None: a rank started by hand; DistEnv reads whichever launcher's variables
+    scheduler: str = "local"
+
+    @classmethod
+    def guess(cls, environ: tp.Mapping[str, str]) -> Start:
+        """For a rank started by hand (``python -m automodel_hydra.worker launch/job.yaml`` with no plan flags):
+        from the environment, the only thing that says anything then."""
+        from automodel_hydra.fault_tolerance import RANK_MONITOR_ENV
+
+        started_by = ("ft_launcher" if RANK_MONITOR_ENV in environ else
+                      "torchrun" if "TORCHELASTIC_RUN_ID" in environ else None)
+        return cls(started_by, "slurm" if "SLURM_JOB_ID" in environ else "local")
+
+    @property
+    def agent(self) -> bool:
+        """Whether an elastic agent (torchrun, ft_launcher) started the rank: it restarts the worker group."""
+        return self.started_by in ("torchrun", "ft_launcher")
+
+    @property
+    def slurm(self) -> bool:
+        return self.scheduler == "slurm"
+
+    def restart(self, environ: tp.Mapping[str, str]) -> int:
+        """The in-job restart count (``TORCHELASTIC_RESTART_COUNT``, which the agent sets); 0 without an agent."""
+        return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) if self.agent else 0
+
+    def requeue(self, environ: tp.Mapping[str, str]) -> int:
+        """How often Slurm requeued the job (``SLURM_RESTART_COUNT``, sbatch(1)); 0 off Slurm."""
+        return int(environ.get("SLURM_RESTART_COUNT", "0") or 0) if self.slurm else 0
+
+
+class StepCount:
+    """The optimizer steps this rank completed, for its end record: torch's global step post-hook
+    (``torch.optim.optimizer.register_optimizer_step_post_hook``), the optimizer's own count where it keeps one
+    (restored with a checkpoint), else the calls of this process."""
+
+    def __init__(self) -> None:
+        self.calls, self.step = 0, 0
+        self.resumed: int | None = None  # the step this process started from (its first step's count - 1)
+        self._handle: tp.Any = None
+
+    def install(self) -> StepCount:
+        import torch.optim.optimizer as optim
+
+        self._handle = optim.register_optimizer_step_post_hook(self._hook)
+        return self
+
+    def _hook(self, optimizer: tp.Any, args: tp.Any, kwargs: tp.Any) -> None:
+        self.calls += 1
+        self.step = heartbeat.optimizer_step(optimizer) or self.calls
+        if self.resumed is None:
+            self.resumed = self.step - 1
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None = None,
+        start: Start | None = None) -> dict[str, tp.Any]:
     """Run one rank of the job described by ``job_file``. Returns the recipe's final metrics.
 
-    ``stop``: the flag the signal handlers set (installed here when not given). Raises SystemExit(EXIT_STOPPED)
-    when a signal stopped training and the job was not requeued (:func:`after_stop`)."""
+    ``stop``: the flag the signal handlers set (installed here when not given); ``start``: who started the rank
+    (the job's plan; None: a rank started by hand, :meth:`Start.guess`). Raises SystemExit(EXIT_STOPPED)
+    when a signal stopped training and the job was not requeued (:func:`after_stop`). Every way out leaves the
+    rank's end record (:func:`automodel_hydra.outcome.record_end`), from which the job's state is read."""
     stop = stop or StopFlag().install()
+    start = start or Start.guess(os.environ)
     from omegaconf import DictConfig, OmegaConf
 
-    from automodel_hydra import config, recipes
+    from automodel_hydra import config, failures, health, ledger, outcome, recipes
     from automodel_hydra.bootstrap import DistEnv, init_distributed
     from automodel_hydra.plan import CANCELLED_MARK, RESULT_FILE
 
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: stop with the agent
+    if start.agent:  # torchrun's or ft_launcher's worker: stop with the agent
         stop_when_parent_dies()
-    env = DistEnv.from_environ()
+    env = DistEnv.from_environ(started_by=start.started_by)
     setup_logging(env.rank, log_file)
-    os.environ.setdefault("TORCHELASTIC_ERROR_FILE", str(error_file(Path(job_file).parent, env.rank)))
+    launch = Path(job_file).parent
+    restart, requeue = start.restart(os.environ), start.requeue(os.environ)
+    if not start.agent:  # an agent names each rank's error file itself (per attempt, under its --log-dir)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(error_file(launch, env.rank, requeue))
+    if start.started_by == "ft_launcher" and restart > 0:
+        refuse_restart(launch, env.rank, restart, requeue)
+    steps = StepCount().install()
+    if env.rank == 0:
+        ledger.record_start(launch, restart, requeue)
+    preempting = False
+
+    def end(how: str, step: int | None = None, error: str | None = None,
+            failure: failures.Failure | None = None) -> None:
+        outcome.record_end(launch, rank=env.rank, world_size=env.world_size, how=how, restart=restart,
+                           requeue=requeue, step=steps.step if step is None else step, error=error,
+                           failure=failure, resumed=steps.resumed,
+                           signals=[signal.Signals(s).name for s in stop.signals], preempting=preempting)
+
     action, why = EXIT, ""
+    capture, dist_env = None, None
     try:
         raw = OmegaConf.load(job_file)
         if not isinstance(raw, DictConfig):
@@ -229,43 +343,59 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         cfg = config.load_rank(raw)
         with init_distributed(env, timeout_minutes=cfg.dist_env.timeout_minutes) as dist_env:
             log.info("%r on %s", env, dist_env.device)
+            health.before_training(cfg.health_check, start.slurm, dist_env, launch, restart, requeue)
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
-            start_heartbeats(Path(job_file).parent, env.rank)
+            start_attempt(launch, env.rank, start, restart, requeue)
             capture = capture_range(cfg, env.rank)
-            try:
-                result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
-                                            should_stop=stop, output_dir=cfg.output_dir)
-            finally:
-                heartbeat.uninstall()
-                if capture is not None:
-                    capture.close()
+            result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
+                                        should_stop=stop, output_dir=cfg.output_dir)
+            if capture is not None:
+                capture.close()
             if result.get("stopped_early"):
-                in_slurm = "SLURM_JOB_ID" in os.environ
                 usr2 = signal.SIGUSR2 in stop.signals
-                # rank 0 alone asks scontrol (one call per job), and only when SIGUSR2 is all it caught
-                preempted = in_slurm and env.rank == 0 and usr2 and not stop.terminated and being_preempted()
+                # rank 0 alone asks scontrol (one call per job): a stop during a preemption is no time limit
+                # (SIGUSR2) and no cancel (SIGTERM); the ledger records which
+                preempted = start.slurm and env.rank == 0 and being_preempted()
                 usr2, term, preempted = _agree([usr2, stop.terminated, preempted], dist_env)
+                preempting = preempted
                 action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
-                                         requeues_left=in_slurm and requeues_left())
+                                         requeues_left=start.slurm and requeues_left())
+            heartbeat.uninstall()
     except (SystemExit, KeyboardInterrupt):
+        heartbeat.uninstall()
+        if capture is not None:
+            capture.close()
+        end(outcome.STOPPED)
         raise  # a stop's own orderly exit (EXIT_STOPPED), not a failure
     except BaseException as e:
-        from automodel_hydra.schema import UserError
-
-        if isinstance(e, UserError):  # a mistake the user can fix: its one line, no traceback
-            log.error("rank %d failed: %s: %s", env.rank, type(e).__name__, e)
-            raise
-        log.error("rank %d failed", env.rank, exc_info=e)
         cause = failure_cause(e)
+        # progress: an optimizer step (or a function recipe's logged step) here, or in an earlier attempt of this launch
+        progressed = (steps.calls > 0 or getattr(dist_env, "logged", 0) > 0
+                      or any((r.get("step") or 0) > 0 for r in outcome.ends(launch)))
+        failure = failures.of_exception(cause, progressed=progressed)
+        where = f" (traceback: {log_file})" if log_file else ""
+        # one line on the terminal, the class first; the traceback goes to the job log (and torch's error file,
+        # the launching command's last line quotes the first failed rank's)
+        log.error("rank %d failed: %s%s", env.rank, failure.line(), where, exc_info=cause,
+                  extra={CONSOLE_TRACEBACK: False})
+        end(outcome.RAISED, error=failure.evidence, failure=failure)
+        if start.started_by == "ft_launcher":
+            restart_or_not(launch, failure, restart, requeue)
+        heartbeat.uninstall()
+        if capture is not None:
+            capture.close()
+        steps.close()
         if cause is e:
             raise  # torch's ``record`` (main) writes it to this rank's error file
         raise cause from e
+    steps.close()
     if result.get("stopped_early"):
+        end(outcome.STOPPED, step=result.get("step") if isinstance(result.get("step"), int) else None)
         if action == REQUEUE:
             if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
-                requeue()
+                requeue_job()
             return result
-        if (Path(job_file).parent / CANCELLED_MARK).exists() and "SLURM_JOB_ID" not in os.environ:
+        if (launch / CANCELLED_MARK).exists() and not start.slurm:
             # a local run the user cancelled: the stop is the outcome asked for, so the ranks end cleanly and
             # torchrun exits quietly (the mark tells status it was CANCELLED)
             log.warning("stopped at step %s on a signal; cancelled by the user: exiting cleanly", result.get("step"))
@@ -277,8 +407,59 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
     if env.rank == 0:
         from automodel_hydra.plan import read_run_id
 
-        result = write_result(Path(cfg.output_dir) / RESULT_FILE, result, read_run_id(Path(job_file).parent))
+        result = write_result(Path(cfg.output_dir) / RESULT_FILE, result, read_run_id(launch))
+    end(outcome.RETURNED)
     return result
+
+
+def restart_or_not(launch: Path, failure: tp.Any, restart: int, requeue: int) -> None:
+    """Under ``ft_launcher``: whether the failed attempt may restart, by ``failure_budget``
+    (:func:`automodel_hydra.failures.decide` over the classes of this launch's earlier attempts); when not, ask the
+    launcher not to restart (:func:`automodel_hydra.heartbeat.no_restart`) and say why in one line. The first
+    rank to decide records it (``launch/ranks/decision.<attempt>.json``)."""
+    from automodel_hydra import failures, ledger
+
+    budget = failures.FailureBudget.of(_budget_section(launch))
+    decision = failures.decide(failure, ledger.failed_before(launch, (requeue, restart)), budget)
+    if not ledger.decision_file(launch, restart, requeue).exists():
+        ledger.record_decision(launch, restart, requeue, failure, decision, by="ft_launcher")
+    if not decision.retry and heartbeat.no_restart(failure.line()):
+        log.error("%s", decision.why)
+
+
+def refuse_restart(launch: Path, rank: int, restart: int, requeue: int) -> None:
+    """A rank of an in-job restart, before anything else: when the attempt before ended in a class whose budget is
+    spent and no rank could say so (a hung rank is killed by its rank monitor; a rank killed outright), ask
+    ``ft_launcher`` not to restart again and exit :data:`EXIT_NOT_RETRIED` without a record (this attempt never
+    ran; the job's state is the previous attempt's). Rank 0 records the decision and says it in one line."""
+    from automodel_hydra import failures, ledger
+
+    rows = [a for a in ledger.attempts(launch) if (a.requeue, a.restart) < (requeue, restart)]
+    if not rows or rows[-1].kind in (ledger.COMPLETED, ledger.RUNNING):
+        return
+    last = rows[-1]
+    failure = failures.Failure(last.kind, last.evidence)
+    before = [a.kind for a in rows[:-1] if a.kind not in (ledger.COMPLETED, ledger.RUNNING)]
+    decision = failures.decide(failure, before, failures.FailureBudget.of(_budget_section(launch)))
+    if decision.retry:
+        return
+    if rank == 0:
+        if not ledger.decision_file(launch, last.restart, last.requeue).exists():
+            ledger.record_decision(launch, last.restart, last.requeue, failure, decision, by="ft_launcher")
+        log.error("%s: %s", failure.line(), decision.why)
+    heartbeat.no_restart(failure.line())
+    raise SystemExit(EXIT_NOT_RETRIED)
+
+
+def _budget_section(launch: Path) -> tp.Any:
+    """``failure_budget`` of the job's rank-side spec (``launch/job.yaml``), or None."""
+    import yaml
+
+    try:
+        spec = yaml.safe_load((launch / "job.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return spec.get("failure_budget") if isinstance(spec, dict) else None
 
 
 def failure_cause(error: BaseException) -> Exception:
@@ -327,30 +508,34 @@ def capture_range(cfg: tp.Any, rank: int) -> tp.Any:
     return profile.StepRange(cfg.profile.nsys, rank).install()
 
 
-def start_heartbeats(launch_dir: Path, rank: int) -> None:
-    """Under ``ft_launcher``: one heartbeat per optimizer step and the hung-rank watchdog
-    (:func:`automodel_hydra.heartbeat.install`); rank 0 of a restarted attempt records it and why the previous
-    attempt ended (``launch/ft/attempts.jsonl``). Elsewhere nothing."""
-    if not heartbeat.under_ft_launcher():
-        return
-    from automodel_hydra import fault_tolerance
+def start_attempt(launch_dir: Path, rank: int, start: Start, restart: int, requeue: int = 0) -> None:
+    """Rank 0 of a restarted attempt (an agent restarted the worker group) records it and why the attempt before
+    ended (``launch/ft/attempts.jsonl``, :func:`automodel_hydra.outcome.explain`), and logs one line; under
+    ``ft_launcher`` every rank starts its heartbeats and the hung-rank watchdog
+    (:func:`automodel_hydra.heartbeat.install`)."""
+    if start.agent and rank == 0 and restart > 0:
+        from automodel_hydra import fault_tolerance, outcome
+        from automodel_hydra.plan import JobSpec
 
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if rank == 0 and attempt > 0:
-        fault_tolerance.record_attempt(launch_dir, attempt, time.time())
-        log.warning("in-job restart %d: %s", attempt, fault_tolerance.restart_reason(launch_dir, attempt - 1))
-    heartbeat.install(launch_dir, rank)
+        reason = (outcome.explain(JobSpec(launch_dir.parent, ""), attempt=(requeue, restart - 1))
+                  or "a rank ended without a record (killed by a signal?)")
+        fault_tolerance.record_attempt(launch_dir, restart, time.time(), reason, requeue=requeue)
+        log.warning("in-job restart %d: %s", restart, reason)
+    if start.started_by == "ft_launcher":
+        heartbeat.install(launch_dir, rank, restart, requeue)
 
 
-def error_file(launch_dir: Path, rank: int) -> Path:
-    """Where a rank that no torchrun agent started records its exception: ``launch/error.rank<N>.json``.
+def error_file(launch_dir: Path, rank: int, requeue: int = 0) -> Path:
+    """Where a rank that no torchrun agent started records its exception: ``launch/error.rank<N>.json``, after a
+    Slurm requeue ``launch/error.rank<N>.requeue<K>.json`` (each attempt keeps its own).
 
     torch's ``record`` (torch.distributed.elastic.multiprocessing.errors, wrapped around :func:`run` by
     :func:`main`) writes a failed rank's exception, traceback and time to ``$TORCHELASTIC_ERROR_FILE``. torchrun
     names that file for each of its ranks (under its ``--log-dir``; it fills its "Root Cause" summary from it);
     srun's ranks get this one. Either way the launching command quotes the lowest failed rank's exception as its
     last line (:func:`automodel_hydra.plan.rank_error`)."""
-    return launch_dir / f"{RANK_ERROR_PREFIX}{rank}.json"
+    return launch_dir / (f"{RANK_ERROR_PREFIX}{rank}.json" if not requeue else
+                         f"{RANK_ERROR_PREFIX}{rank}.requeue{requeue}.json")
 
 
 def write_result(path: Path, result: dict[str, tp.Any], run_id: str | None = None) -> dict[str, tp.Any]:
@@ -381,17 +566,29 @@ def main(argv: list[str] | None = None) -> None:
     # first of all: a SIGUSR2 (or SIGTERM) while torch and the recipe are still being imported (5-15 s) must set
     # the flag, not end the rank with the signal's default action
     stop = StopFlag().install()
+    streams.best_effort()  # a terminal or pipe that goes away never fails the rank (automodel_hydra.streams)
+    from automodel_hydra.bootstrap import SCHEDULERS, STARTERS
+
     parser = argparse.ArgumentParser(prog="python -m automodel_hydra.worker", description=__doc__.splitlines()[0])
     parser.add_argument("job_file", help="the job's launch/job.yaml")
     parser.add_argument("--log-file", default=None, help="job log rank 0 appends to")
+    parser.add_argument("--started-by", choices=STARTERS, default=None,
+                        help="who started this rank, as the job's plan says (default: read the environment)")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default=None,
+                        help="the scheduler the job runs under, as the job's plan says")
     args = parser.parse_args(argv)
+    start = Start(args.started_by, args.scheduler or "local") if args.started_by else None
     quiet.install()  # before torch: its import prints dependencies' lines that tell the user nothing
     from torch.distributed.elastic.multiprocessing.errors import record
 
     try:
         # an exception is written to this rank's error file (see error_file): torchrun's "Root Cause" and our
         # last line both come from it
-        record(run)(args.job_file, args.log_file, stop)
+        record(run)(args.job_file, args.log_file, stop, start)
+    except Exception:
+        # logged (one line here, the traceback in the job log) and in the error file: not printed again by the
+        # interpreter (torch.distributed's excepthook would print it once more, "[rank1]: Traceback ...")
+        raise SystemExit(1) from None
     finally:
         # skip the interpreter's final collection of torch/transformers objects (~1 s per rank at exit, more
         # under load): a rank stopped by Slurm has KillWait seconds (default 30) from SIGTERM to SIGKILL

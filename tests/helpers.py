@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import typing as tp
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import setup_globals
 from omegaconf import DictConfig, open_dict
 
 from automodel_hydra import config
@@ -25,10 +30,28 @@ CONF = ROOT / "conf"
 config.register()  # the typed schema the project's configs compose with
 
 
+#: compose_cfg's compositions: (cwd, overrides) -> Hydra's config, for the ConfigStore they were composed with
+_composed: dict[tuple[str, ...], DictConfig] = {}
+_composed_with: list[ConfigStore] = []
+
+
 def compose_cfg(overrides: tp.Sequence[str] = (), output_dir: str | Path = "/tmp/automodel-test") -> DictConfig:
-    """The composed ``llm_finetune`` config with Hydra's config set, as inside a job."""
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("llm_finetune", overrides=list(overrides), return_hydra_config=True)
+    """The composed ``llm_finetune`` config with Hydra's config set, as inside a job.
+
+    Hydra composes each set of overrides once per working dir and ConfigStore (a composition is ~0.1 s, and the
+    fast tier asked for the same one up to 19 times); each call gets a deep copy of it. The composition reads only
+    the config files, the overrides, the ConfigStore and the working dir (``hydra.runtime.cwd``): interpolations
+    (``${oc.env:...}``, ``${now:...}``, ``${hydra:...}``) are resolved when read, after the copy."""
+    store = ConfigStore.instance()
+    if _composed_with != [store]:
+        _composed.clear()
+        _composed_with[:] = [store]
+    key = (os.getcwd(), *overrides)
+    if key not in _composed:
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            _composed[key] = compose("llm_finetune", overrides=list(overrides), return_hydra_config=True)
+    setup_globals()  # Hydra's resolvers (hydra:, now:), as Hydra's start registers them
+    cfg = copy.deepcopy(_composed[key])
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(output_dir)
         cfg.hydra.job.name = "train"
@@ -44,6 +67,37 @@ def train_py(*args: str, env: tp.Mapping[str, str] | None = None, timeout: float
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
     return proc
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's choice: another process may take it before
+    the test uses it, as with any free port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+T = tp.TypeVar("T")
+
+
+def wait_for(cond: tp.Callable[[], T], timeout: float, what: str, *, poll: float = 0.1,
+             proc: subprocess.Popen[tp.Any] | None = None, output: tp.Callable[[], str] | None = None) -> T:
+    """Poll ``cond`` every ``poll`` s until it returns a true value, and return that value. Fails the test
+    (AssertionError naming ``what``) after ``timeout`` s, or as soon as ``proc`` has ended, when one is given (the
+    process that should bring it about); the message ends with ``output()`` (the last 4000 characters)."""
+    def tail() -> str:
+        return f":\n{output()[-4000:]}" if output is not None else ""
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process {proc.pid} ended (exit {proc.returncode}) before {what}{tail()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tail()}")
+        time.sleep(poll)
 
 
 def metrics(run_dir: Path) -> list[dict[str, tp.Any]]:

@@ -8,6 +8,10 @@ and only it, can submit; on the second port (``Match LocalPort``) ``PATH`` holds
 a login node without ``sbatch``. ``UsePAM no`` and ``StrictModes no``: no PAM stack and no ownership rules for
 the test's temporary key files. The server is stopped at the end of the session.
 
+A test that needs a server of its own (another login user, a login node that restarts) calls :func:`start` with
+``users`` (more login users, each with the same client key) and, to take the server down and up again on the same
+ports, :func:`drop` (every connection ends, as when a login node reboots) and :func:`serve`.
+
 Without ``sshd`` (or not as root) the fixture skips, naming the install command; under ``CI`` it fails.
 """
 
@@ -25,16 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
 from tests.slurm_cluster import INSTALL_COMMAND, REPO_ROOT
 
 SSHD = "/usr/sbin/sshd"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclasses.dataclass
@@ -51,9 +49,9 @@ class SSHServer:
     user: str
 
     def tunnel(self, job_dir: Path | str, *, port: int | None = None, key: Path | None = None,
-               python: str | None = None) -> dict[str, tp.Any]:
+               python: str | None = None, user: str | None = None) -> dict[str, tp.Any]:
         """A ``slurm.tunnel`` section for this server."""
-        return {"host": "127.0.0.1", "user": self.user, "port": port or self.port,
+        return {"host": "127.0.0.1", "user": user or self.user, "port": port or self.port,
                 "identity": str(key or self.key), "job_dir": str(job_dir),
                 "python": python or sys.executable,
                 "options": {"UserKnownHostsFile": str(self.known_hosts), "StrictHostKeyChecking": "yes"}}
@@ -87,9 +85,9 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout
     raise RuntimeError(f"sshd does not listen on {port} after {timeout} s:\n{log.read_text(errors='replace')}")
 
 
-def start(d: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
-    """Start the sshd of the module docstring with its keys and config in ``d``; returns it and its process.
-    Raises RuntimeError when it does not come up."""
+def start(d: Path, users: tp.Sequence[str] = ()) -> tuple[SSHServer, subprocess.Popen[bytes]]:
+    """Start the sshd of the module docstring with its keys and config in ``d`` (``users``: login users besides
+    the one running the tests); returns it and its process. Raises RuntimeError when it does not come up."""
     for name in ("host_key", "client_key", "other_key"):
         _keygen(d / name)
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
@@ -106,12 +104,19 @@ def start(d: Path) -> tuple[SSHServer, subprocess.Popen[bytes]]:
     import pwd
 
     user = pwd.getpwuid(os.geteuid()).pw_name
+    for other in users:  # sshd reads a user's keys as that user: the key goes into their own ~/.ssh
+        entry = pwd.getpwnam(other)
+        ssh_dir = Path(entry.pw_dir) / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text((d / "client_key.pub").read_text())
+        for owned in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(owned, entry.pw_uid, entry.pw_gid)
     (d / "sshd_config").write_text(f"""\
 Port {port}
 Port {bare_port}
 ListenAddress 127.0.0.1
 HostKey {d}/host_key
-AuthorizedKeysFile {d}/authorized_keys
+AuthorizedKeysFile {d}/authorized_keys .ssh/authorized_keys
 PidFile {d}/sshd.pid
 UsePAM no
 StrictModes no
@@ -119,23 +124,50 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 PermitRootLogin prohibit-password
-AllowUsers {user}
+AllowUsers {" ".join([user, *users])}
 MaxStartups 100
 MaxSessions 100
 SetEnv SLURM_CONF={state / "etc" / "slurm.conf"} PATH={path}
 Match LocalPort {bare_port}
     SetEnv PATH={bare}
 """)
-    log = d / "sshd.log"
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
-                            stderr=log.open("wb"), start_new_session=True)
+    server = SSHServer(d, port, bare_port, d / "client_key", d / "other_key", d / "known_hosts", user)
+    return server, serve(server)
+
+
+def serve(server: SSHServer) -> subprocess.Popen[bytes]:
+    """Start sshd with the config :func:`start` wrote in ``server.dir``, on the same ports; its process. Raises
+    RuntimeError when it does not come up."""
+    log = server.dir / "sshd.log"
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(server.dir / "sshd_config")], stdout=subprocess.DEVNULL,
+                            stderr=log.open("ab"), start_new_session=True)
     try:
-        _wait_listening(port, proc, log)
-        _wait_listening(bare_port, proc, log)
+        _wait_listening(server.port, proc, log)
+        _wait_listening(server.bare_port, proc, log)
     except BaseException:
         stop(proc)
         raise
-    return SSHServer(d, port, bare_port, d / "client_key", d / "other_key", d / "known_hosts", user), proc
+    return proc
+
+
+def drop(proc: subprocess.Popen[bytes]) -> None:
+    """Take the server down with every connection it holds, as a login node that reboots: the per-connection
+    sshd processes (children of the listener, each in a session of its own) are killed, then the listener."""
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == proc.pid]
+    for pid in children:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    stop(proc)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -78,6 +78,7 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
 
 
+@pytest.mark.slow
 def test_help_shows_the_file_forms_and_no_past_run_as_a_config_group(tmp_path: Path) -> None:
     assert "automodel-hydra FILE.yaml" in _cli("--help", cwd=tmp_path).stdout
     train_help = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], text=True,
@@ -97,6 +98,7 @@ def test_help_shows_the_file_forms_and_no_past_run_as_a_config_group(tmp_path: P
     assert "bogus" not in out and "max_steps: 3" in out, out
 
 
+@pytest.mark.slow
 def test_a_recipe_module_whose_import_raises_is_refused_in_one_line(tmp_path: Path) -> None:
     """A recipe module that raises on import (not ImportError: triton's RuntimeError on a host without a GPU
     driver, which AutoModel's speculative-decoding recipes meet) is a refusal naming the recipe, not a traceback."""
@@ -179,6 +181,7 @@ def test_launcher_and_profile_choices_on_an_automodel_file_dry_run(tiny_llama_di
     assert "#SBATCH --nodes=2" in sbatch and "nsys profile" in sbatch
 
 
+@pytest.mark.slow
 def test_the_resume_key_on_an_automodel_file_without_it_and_an_unknown_keys_line(tmp_path: Path) -> None:
     """``automodel-hydra FILE.yaml restore_from.path=latest`` on AutoModel's file, which has no ``restore_from:``,
     sets the resume key (as ``++`` would); a function recipe's file keeps Hydra's rule. A key the file lacks is one

@@ -13,7 +13,6 @@ import yaml
 from omegaconf import OmegaConf
 
 from automodel_hydra.automodel_files import (
-    LAUNCHER_SECTIONS,
     ModelNotFetchableError,
     RecipeSectionError,
     check_model_fetchable,
@@ -21,6 +20,7 @@ from automodel_hydra.automodel_files import (
     split_sections,
     validate_recipe_sections,
 )
+from automodel_hydra.sections import NEVER_THE_RECIPES
 from tests.automodel_assets import SQUAD_YAML
 
 HUB_MODEL = "meta-llama/Llama-3.2-1B"  # what the unmodified YAML names
@@ -35,9 +35,11 @@ def squad() -> dict[str, tp.Any]:
 
 def test_split_sections_separates_launcher_from_recipe() -> None:
     cfg = {"slurm": {"nodes": 2}, **squad(), "skypilot": {"cloud": "aws"}, "hydra": {}, "dry_run": True,
-           "nemo_run": {}, "interactive": {}, "fault_tolerance": {}, "launcher": "slurm", "profile": {"nsys": {}}}
+           "nemo_run": {}, "interactive": {}, "fault_tolerance": {}, "failure_budget": {}, "health_check": {},
+           "launcher": "slurm",
+           "profile": {"nsys": {}}}
     launcher, recipe = split_sections(cfg)
-    assert set(launcher) == LAUNCHER_SECTIONS
+    assert set(launcher) == NEVER_THE_RECIPES
     assert list(recipe) == list(squad())  # order kept: recipe, step_scheduler, dist_env, rng, model, ...
     assert recipe["model"]["pretrained_model_name_or_path"] == HUB_MODEL
 

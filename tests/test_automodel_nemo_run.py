@@ -58,6 +58,7 @@ def test_nemo_run_beside_another_launcher_section_is_refused() -> None:
         load({"executor": "local"}, slurm={"nodes": 1})
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_named_executor_before_writing_anything(tmp_path: Path) -> None:
     path = tmp_path / "nemo_run.yaml"
     path.write_text(f"recipe: {RECIPE}\nnemo_run:\n  executor: my_slurm\n  nodes: 2\n"

@@ -75,8 +75,8 @@ def test_an_automodel_recipe_on_two_ranks_gets_the_capture_range(tiny_llama_dir:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     host = socket.gethostname()
-    assert sorted(p.name for p in run.glob("*.nsys-rep")) == [f"train_{host}_rank0.nsys-rep",
-                                                              f"train_{host}_rank1.nsys-rep"]
+    assert sorted(p.name for p in run.glob("*.nsys-rep")) == [f"train_{host}_rank0_attempt0.nsys-rep",
+                                                              f"train_{host}_rank1_attempt0.nsys-rep"]
     calls = [json.loads(line) for line in (tmp_path / "nsys-calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2 and all("--capture-range=cudaProfilerApi" in argv for argv in calls)
     log = (run / "train.log").read_text()

@@ -109,5 +109,8 @@ def test_a_gres_refusal_names_the_key(tmp_path: Path, monkeypatch) -> None:
     sbatch.write_text("#!/bin/sh\necho 'sbatch: error: Invalid generic resource (gres) specification' >&2\nexit 1\n")
     sbatch.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    backend = slurm.Slurm()
+    cfg = config.load({"output_dir": str(tmp_path), "slurm": {"gpus_per_node": 4, "snapshot": "none"}})
+    (batch,) = backend.batches([backend.plan(cfg, JobSpec(tmp_path, "train"))], None)
     with pytest.raises(RuntimeError, match=r"gres.*: slurm.gpus_per_node \(#SBATCH --gpus-per-node\)"):
-        slurm._sbatch(tmp_path / "sbatch.sh")
+        backend.submit(batch)

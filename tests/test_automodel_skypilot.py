@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,18 +18,13 @@ import yaml
 from automodel_hydra import config
 from automodel_hydra.backends import skypilot
 from automodel_hydra.plan import JobSpec
+from automodel_hydra.sections import FOR_EVERY_RANK
 from tests.automodel_assets import SQUAD_YAML, cpu_overrides, rank_env
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 pytest_plugins = ["tests.automodel_assets"]
 pytestmark = [pytest.mark.automodel, pytest.mark.slow]
 pytest.importorskip("nemo_automodel")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _with_overrides(sections: dict, overrides: list[str]) -> dict:
@@ -51,12 +45,12 @@ def test_the_nodes_run_script_trains_the_automodel_recipe(tiny_llama_dir: Path, 
     sections = _with_overrides(yaml.safe_load(SQUAD_YAML.read_text()), small)
     del sections["checkpoint"]  # as most of AutoModel's examples: AutoModel's defaults (checkpoints/, enabled)
     block = {"use_spot": False, "checkpoint_bucket": None, "accelerators": None, "nproc_per_node": 2,
-             "master_port": _free_port(), "hf_token": "", "hf_home": None}
+             "master_port": free_port(), "hf_token": "", "hf_home": None}
     cfg = config.load({**sections, "output_dir": str(tmp_path / "R"), "skypilot": block})
     job = JobSpec(job_dir=tmp_path / "R", job_name="train", project_root=ROOT)
     p = skypilot.make_plan(cfg, job, skypilot.Facts("unused-bucket"))
     node_spec = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
-    assert {k: v for k, v in node_spec.items() if k not in ("output_dir", "profile")} == sections
+    assert {k: v for k, v in node_spec.items() if k not in FOR_EVERY_RANK} == sections
 
     home, key = tmp_path / "home", p.request.name
     mounted = home / "automodel" / key / "launch" / "job.yaml"  # where the task's file mount puts it

@@ -49,6 +49,13 @@ class Case:
 def _cases() -> list[Case]:
     cases = [
         Case("slurm.nodes=0", ("launcher=slurm", "slurm.nodes=0"), "slurm.nodes"),
+        Case("failure_budget.crash=-1", ("launcher=slurm", "failure_budget.crash=-1"), "failure_budget.crash",
+             expect="an integer >= 0"),
+        Case("failure_budget.oom=two", ("failure_budget.oom=two",), "failure_budget.oom",
+             expect="is invalid: expected an integer"),
+        Case("health_check.timeout_s=0", ("launcher=slurm", "health_check.timeout_s=0"), "health_check.timeout_s",
+             expect="must be > 0"),
+        Case("health_check.enabled=maybe", ("health_check.enabled=maybe",), "health_check.enabled"),
         Case("slurm.ntasks_per_node=-1", ("launcher=slurm", "slurm.ntasks_per_node=-1"), "slurm.ntasks_per_node"),
         Case("slurm.time=abc", ("launcher=slurm", "slurm.time=abc"), "slurm.time"),
         Case("slurm.time=-5", ("launcher=slurm", "slurm.time=-5"), "slurm.time"),

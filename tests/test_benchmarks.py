@@ -45,6 +45,7 @@ def test_a_nemo_run_python_that_does_not_exist_is_a_skip_naming_it(bench: Module
     assert "benchmarks/setup-nemo-run" in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_nemo_run_here(), reason="this interpreter imports nemo_run: the case needs one that does not")
 def test_a_nemo_run_python_without_nemo_run_is_a_skip_naming_it(bench: ModuleType,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:

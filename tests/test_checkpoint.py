@@ -4,7 +4,6 @@ moving after a complete save, crash leftovers being ignored, keep_latest_k and a
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from unittest import mock
 
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 
 from automodel_hydra import checkpoint as ck
 from automodel_hydra.checkpoint import MODEL_AND_OPTIM, CheckpointManager, ModelOptimState, find_latest
+from tests.helpers import free_port
 
 
 def _model_and_optim(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -35,15 +35,9 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def gloo_world1():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
@@ -266,7 +260,7 @@ def _two_rank_worker(rank: int, port: int, root: str) -> None:
 
 @pytest.mark.slow  # spawns 2 processes
 def test_two_ranks_gloo(tmp_path):
-    mp.spawn(_two_rank_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
 
 
 def test_resume_target_of_a_latest_path(tmp_path):

@@ -10,7 +10,6 @@ import csv
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import time
@@ -24,8 +23,9 @@ import yaml
 from automodel_hydra import cli
 from automodel_hydra.argv import hydra_flags_first
 from automodel_hydra.backends.interactive import free_port
+from automodel_hydra.plan import read_from
 from automodel_hydra.states import JobState
-from tests.helpers import ROOT, broken_model_dir, train_py
+from tests.helpers import ROOT, broken_model_dir, train_py, wait_for
 
 TINY = ["interactive.nproc_per_node=1", "step_scheduler.max_steps=4", "step_scheduler.log_interval=1",
         "checkpoint.enabled=false"]
@@ -48,25 +48,31 @@ def cli_out(*argv: str) -> str:
     return proc.stdout
 
 
-def wait_for(check: tp.Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sweep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """A real local sweep of 4 tiny jobs: jobs 0 and 1 train; jobs 2 and 3 fail in their ranks (a model no rank
-    can load)."""
+    can load). The sweep dir and the command's process (stdout and stderr merged)."""
     path = tmp_path_factory.mktemp("cli") / "S"
     broken = broken_model_dir(path.parent)
     proc = train_py("-m", f"model.name_or_path=null,{broken}", "seed=1,2", *TINY, port_base(),
                     f"hydra.sweep.dir={path}", check=False)
     assert proc.returncode != 0, "a sweep with failed jobs fails"
     assert "4 jobs submitted" in proc.stdout  # the progress lines (not a terminal here)
-    return path
+    return path, proc
+
+
+@pytest.fixture(scope="module")
+def sweep(sweep_run: tuple[Path, subprocess.CompletedProcess[str]]) -> Path:
+    return sweep_run[0]
+
+
+@pytest.mark.slow
+def test_the_sweeps_last_line_names_its_dir_and_the_report_command(
+        sweep_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    path, proc = sweep_run
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == f"sweep {path}: 2 COMPLETED, 2 FAILED; automodel-hydra report {path}", lines[-4:]
+    assert sum(line.startswith("error: interactive job ") for line in lines[-3:-1]) == 2, "each failure's line first"
 
 
 @pytest.mark.slow
@@ -76,10 +82,14 @@ def test_status_shows_completed_and_failed_rows(sweep: Path) -> None:
     exe = Path(sys.executable).with_name("automodel-hydra")
     table = subprocess.run([str(exe), "status", str(sweep)], capture_output=True, text=True, timeout=60,
                            check=True).stdout
-    rows = [line for line in table.splitlines() if line.startswith("│")]
+    header = next([c.strip() for c in line.strip("┃").split("┃")] for line in table.splitlines()
+                  if line.startswith("┃"))
+    rows = [dict(zip(header, (c.strip() for c in line.strip("│").split("│")))) for line in table.splitlines()
+            if line.startswith("│")]
     assert len(rows) == 4
-    assert [r.split()[-2] for r in rows] == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], table
-    assert "broken-model seed=2" in rows[3]
+    assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], table
+    assert "broken-model seed=2" in rows[3]["overrides"]
+    assert [r["step"] for r in rows] == ["4", "4", "-", "-"], "the last logged step of the jobs that trained"
 
 
 @pytest.mark.slow
@@ -181,7 +191,8 @@ def test_status_is_unknown_when_the_backend_cannot_tell(tmp_path: Path, monkeypa
         return [StateInfo(JobState.RUNNING)] * len(refs)
 
     def fake(states: tp.Callable[[tp.Any], list[StateInfo]]) -> types.SimpleNamespace:
-        return types.SimpleNamespace(states=states, ref_from_record=lambda r: r["job_ids"][0])
+        return types.SimpleNamespace(states=states, ref_from_record=lambda r: r["job_ids"][0],
+                                     fetch_results=lambda jobs: None)
 
     fakes = {"slurm": fake(broken), "interactive": fake(answers)}
     monkeypatch.setattr(backends, "get", fakes.__getitem__)
@@ -206,7 +217,8 @@ def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatc
     from automodel_hydra.states import StateInfo
 
     infos = [StateInfo(JobState.PENDING, "Priority"), StateInfo(JobState.PENDING, "PartitionConfig")]
-    fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r)
+    fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r,
+                                 fetch_results=lambda jobs: None)
     monkeypatch.setattr(backends, "get", lambda name: fake)
     jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [],
              "job_dir": str(tmp_path / str(i)), "job_name": "train", "log_path": None} for i in range(2)]
@@ -296,6 +308,7 @@ def test_without_dir_and_nothing_here_is_a_clear_error(tmp_path: Path, monkeypat
     assert "no run or sweep under" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_refused_at_plan_time_is_not_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """A refused run or sweep leaves only what Hydra writes before our code runs (``.hydra/``, an empty
@@ -311,6 +324,7 @@ def test_a_run_refused_at_plan_time_is_not_listed(tmp_path: Path, monkeypatch: p
     assert cli.main(["status"]) == 2 and "no run or sweep under" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_version_is_ours_however_the_app_is_started(tmp_path: Path) -> None:
     """``python train.py --version`` (and ``automodel-hydra FILE.yaml --version``, which runs it) printed Hydra's
     version (``Hydra 1.3.8``); every form prints this package's line, before anything is composed or written."""
@@ -347,7 +361,8 @@ def test_final_states_come_from_jobstate(tmp_path: Path, monkeypatch: pytest.Mon
 
     cancelled: list[tp.Any] = []
     fake = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.PREEMPTED)] * len(refs),
-                                 cancel=cancelled.extend, ref_from_record=lambda r: r["job_dir"])
+                                 cancel=cancelled.extend, ref_from_record=lambda r: r["job_dir"],
+                                 read_log=lambda ref, log, pos: read_from(log, pos))
     monkeypatch.setattr(backends, "get", lambda name: fake)
     _job(tmp_path / "R", None, [], completed=False)
     assert cli.main(["cancel", str(tmp_path / "R")]) == 0
@@ -392,10 +407,6 @@ def test_report_plots_every_logged_step_and_validation_loss(here: Path, capsys: 
 
 @pytest.mark.slow  # starts Hydra in a subprocess (~2-5 s)
 def test_help_is_the_products_help() -> None:
-    import dataclasses
-
-    from automodel_hydra import config
-
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert "powered by Hydra" not in out and "slurm: null" not in out
@@ -407,26 +418,15 @@ def test_help_is_the_products_help() -> None:
     assert "outputs/DATE/TIME-TAG/" in out and "multirun/DATE/TIME-TAG/N/" in out and "final_model/" in out
     assert "python train.py -m optim.lr=1e-4,3e-4 seed=1,2" in out
     assert "'++slurm.env_vars.HF_TOKEN=${HF_TOKEN}'" in out and "your $HF_TOKEN" in out  # $ survives the template
-    # every key the help names exists in the typed schema (the help cannot drift from the config)
-    sections = {"model": config.ModelConfig, "data": config.DataConfig, "step_scheduler": config.StepSchedulerConfig,
-                "optim": config.OptimConfig, "checkpoint": config.CheckpointConfig,
-                "restore_from": config.RestoreFromConfig, "interactive": config.InteractiveConfig,
-                "slurm": config.SlurmConfig, "skypilot": config.SkyPilotConfig, "profile.nsys": config.NsysConfig}
-    block = out.split("== Main keys")[1].split("\n\n")[0].split("\n", 1)[1]
-    block = re.sub(r"\([^()]*\)", "", block)  # keys come outside the "(...)" notes
-    named: dict[str, list[str]] = {}
-    section = ""
-    for line in block.splitlines():
-        if not line.startswith("   "):  # a new entry: "  section   key, key" or "  key, key" (top level)
-            head, _, rest = line.strip().partition("  ")
-            section, line = (head, rest) if head in sections else ("", line)
-        named.setdefault(section, []).extend(k.strip() for k in line.split(",") if k.strip().isidentifier())
-    assert set(named) == {"", *sections}
-    for name, keys in named.items():
-        fields = {f.name for f in dataclasses.fields(sections.get(name, config.TrainConfig))}
-        assert set(keys) <= fields, (name, set(keys) - fields)
-    assert {"keep_latest_k", "name_or_path", "prompt_field", "nodes", "use_spot"} <= {
-        k for v in named.values() for k in v}
+    # the list of sections and keys is read from the schema (it cannot drift from the config): each section a user
+    # can set, with its keys, nested ones (slurm.tunnel) as their own entries
+    from automodel_hydra.train import help_keys
+
+    assert help_keys() in out
+    for entry in ("fault_tolerance  enabled", "slurm.tunnel     host", "profile.nsys     enabled",
+                  "seed, dry_run, recipe"):
+        assert entry in out
+    assert "snapshot" in out.split("\n  slurm            ")[1].split("  slurm.tunnel")[0]
 
 
 # ----------------------------------------------------------------------------------------------- a real run
@@ -569,13 +569,60 @@ def test_ctrl_c_stop_line_names_what_keeps_running_and_how_to_cancel_it(tmp_path
         f"no checkpoint yet in {tmp_path / 'S' / 'checkpoints'}")
 
 
+@pytest.mark.slow
 def test_hydra_flags_work_anywhere_on_the_command_line(tmp_path: Path) -> None:
     """``-m`` (or ``--cfg job``) after an override ended Hydra's override list: argparse then refused the rest as
     "unrecognized arguments", listing the arguments this project adds. A flag works wherever it is written."""
     assert hydra_flags_first(["a=1", "-m", "b=1,2", "--cfg", "job", "-cd=D"]) == [
         "-m", "--cfg", "job", "-cd=D", "a=1", "b=1,2"]
     sweep = tmp_path / "multirun"
-    proc = train_py("launcher=slurm", "slurm.partition=debug", "-m", "seed=1,2", "dry_run=true",
-                    "slurm.snapshot=none", f"hydra.sweep.dir={sweep}")
+    proc = train_py("launcher=slurm", "slurm.partition=debug", "slurm.ntasks_per_node=2", "-m", "seed=1,2",
+                    "dry_run=true", "slurm.snapshot=none", f"hydra.sweep.dir={sweep}")
     assert "unrecognized arguments" not in proc.stdout
     assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1"]
+
+
+def test_status_of_a_sweep_fits_on_a_screen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep through ``slurm.tunnel``: every job shares ~400 characters of launcher overrides, and while the login
+    node does not answer the backend gives every job the same long reason. Each row shows what tells its job
+    apart; what is the same for every job is said once, below the table (rows were ~300-400 characters)."""
+    from automodel_hydra import backends
+    from automodel_hydra.states import StateInfo
+
+    reason = ("slurm.tunnel.host: me@login.example.org port 22 does not answer (ssh: connect to host login.example.org "
+              "port 22: Connection timed out); check slurm.tunnel.host and slurm.tunnel.port")
+    fake = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.UNKNOWN, reason)] * len(refs),
+                                 ref_from_record=lambda r: r, fetch_results=lambda jobs: None)
+    monkeypatch.setattr(backends, "get", lambda name: fake)
+    shared = ["launcher=slurm", "+slurm.tunnel.host=login.example.org", "+slurm.tunnel.user=me",
+              f"+slurm.tunnel.identity={tmp_path}/keys/id_ed25519_cluster",
+              f"+slurm.tunnel.job_dir=/lustre/projects/team/me/runs/{'x' * 40}",
+              f"+slurm.tunnel.options.UserKnownHostsFile={tmp_path}/ssh/known_hosts", "+slurm.detach=true"]
+    jobs = [{"backend": "slurm", "job_ids": [f"812_{i}"], "job_num": i,
+             "overrides": [*shared[:3], f"optim.lr={lr}", *shared[3:]], "job_dir": str(tmp_path / str(i)),
+             "job_name": "train", "log_path": None} for i, lr in enumerate(["1e-4", "3e-4"])]
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "manifest.json").write_text(json.dumps({"jobs": jobs}))
+    assert cli.main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) == 2 and "optim.lr=1e-4" in rows[0] and "optim.lr=3e-4" in rows[1]
+    assert all(len(r) <= 80 for r in rows), [len(r) for r in rows]
+    assert out.count(reason) == 1 and out.count("+slurm.tunnel.host=login.example.org") == 1
+    assert f"every job: {' '.join(shared)}" in out and f"note for every job: {reason}" in out
+    (tmp_path / "1" / "launch").mkdir(parents=True)
+    (tmp_path / "1" / "launch" / "submission.json").write_text(json.dumps(jobs[1]))
+    assert cli.main(["status", str(tmp_path / "1")]) == 0  # one run: its overrides are all said once, below
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines() if line.startswith("│"))
+    assert f"overrides: {' '.join(jobs[1]['overrides'])}" in out and f"note: {reason}" in out
+
+
+def test_the_last_line_of_a_sweep_not_waited_for_says_how_to_follow_it() -> None:
+    from automodel_hydra.progress import last_line
+
+    assert last_line("multirun/S", [None, None, JobState.COMPLETED]) == (
+        "sweep multirun/S: 1 COMPLETED, 2 submitted; automodel-hydra status multirun/S; automodel-hydra report "
+        "multirun/S")
+    assert last_line("multirun/S", []) is None  # a dry run: its own line ("dry run: wrote ...") is the last

@@ -12,10 +12,18 @@ from tests.helpers import train_py
 
 
 def _files(run: Path) -> dict[str, bytes]:
-    """Every file planning wrote (the records a submission adds are not planning's: its launch id included)."""
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.parent.name == "launch"
-            and p.name not in ("submission.json", "manifest.json", "run_id")}
+    """Every file planning wrote (the records a submission adds are not planning's: its launch id included), with
+    ``run`` written ``RUN`` and each dir's tracker id (made once per dir, so two dirs' differ by design; where it
+    is read is part of the contract) written ``TRACKER_ID``."""
+    ids = [p.read_bytes().strip() for p in run.rglob("launch/tracker_id")]
+    out = {}
+    for p in sorted(run.rglob("*")):
+        if p.is_file() and p.parent.name == "launch" and p.name not in ("submission.json", "manifest.json", "run_id"):
+            data = p.read_bytes().replace(str(run).encode(), b"RUN")
+            for tracker_id in ids:
+                data = data.replace(tracker_id, b"TRACKER_ID")
+            out[str(p.relative_to(run))] = data
+    return out
 
 
 @pytest.mark.slow
@@ -33,8 +41,7 @@ def test_dry_run_and_real_run_write_byte_identical_launch_files(tmp_path: Path, 
     args = [*(["-m", "seed=1,2"] if sweep else []), "launcher=slurm", "slurm.ntasks_per_node=1"]
     train_py(*args, "dry_run=true", f"{where}={tmp_path / 'dry'}", env=env)
     train_py(*args, f"{where}={tmp_path / 'real'}", "slurm.detach=true", env=env)
-    dry = {k: v.replace(str(tmp_path / "dry").encode(), b"RUN") for k, v in _files(tmp_path / "dry").items()}
-    real = {k: v.replace(str(tmp_path / "real").encode(), b"RUN") for k, v in _files(tmp_path / "real").items()}
+    dry, real = _files(tmp_path / "dry"), _files(tmp_path / "real")
     assert dry and dry == real
     submitted = (tmp_path / "submitted.sh").read_bytes()
     assert submitted == (tmp_path / "real" / "launch" / "sbatch.sh").read_bytes()  # what ran is what was written

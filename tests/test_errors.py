@@ -18,6 +18,7 @@ def _last(proc) -> str:
     return lines[-1] if lines else ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "line"), [
     (["step_scheduler.max_step=3"], "error: step_scheduler.max_step: no such key in step_scheduler; did you mean "
                                     "max_steps? (its keys: max_steps, checkpoint_interval,"),
@@ -57,6 +58,7 @@ def test_composition_errors_are_one_line(tmp_path, args: list[str], line: str) -
     assert "Cannot merge" not in proc.stdout and "not in struct" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_users_file_and_its_launcher_section_get_the_same_line(tmp_path) -> None:
     (tmp_path / "mine.yaml").write_text("step_scheduler:\n  max_steps: 3\ndist_env:\n  timeout_minute: 2\n")
     proc = train_py("--config-dir", str(tmp_path), "--config-name", "mine", "dry_run=true",
@@ -72,6 +74,7 @@ def test_a_users_file_and_its_launcher_section_get_the_same_line(tmp_path) -> No
     assert driver.one_line(err.value).startswith("slurm.gpus_per_nod: no such key in slurm; did you mean gpus_per_node")
 
 
+@pytest.mark.slow
 def test_a_users_hydra_full_error_still_gets_hydras_traceback(tmp_path) -> None:
     proc = train_py("step_scheduler.max_step=3", f"hydra.run.dir={tmp_path / 'R'}", env={"HYDRA_FULL_ERROR": "1"},
                     check=False)
@@ -97,6 +100,7 @@ def test_a_users_file_with_a_value_of_the_wrong_shape_gets_the_key(tmp_path, sec
     assert driver.one_line(err.value).startswith(line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["checkpoint.checkpoint_dir=~/ckpt", "model.pretrained_model_name_or_path=~/m"])
 def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_forms_to_write(tmp_path, override: str) -> None:
     """Hydra's override grammar has ``~`` only as a key's delete prefix: ``key=~/x`` was Hydra's
@@ -130,10 +134,12 @@ def test_an_unquoted_tilde_in_a_value_is_one_line_with_the_forms_to_write(tmp_pa
     assert (parsed.key_or_group, parsed.value()) == (key, value)
 
 
+@pytest.mark.slow
 def test_our_warning_is_one_line(tmp_path) -> None:
     """A warning of ours printed as Python prints one: ``.../slurm.py:620: UserWarning: ...`` and then our source
     line. It is one line, ``warning: <message>``, as an error is ``error: <message>``."""
-    proc = train_py("launcher=slurm", "slurm.partition=debug", "++slurm.command=my.sh", "slurm.snapshot=none",
+    proc = train_py("launcher=slurm", "slurm.partition=debug", "slurm.ntasks_per_node=1", "++slurm.command=my.sh",
+                    "slurm.snapshot=none",
                     "dry_run=true", f"hydra.run.dir={tmp_path / 'R'}")
     lines = proc.stdout.splitlines()
     (at,) = [i for i, line in enumerate(lines) if "slurm.command" in line and "ignored" in line]

@@ -51,11 +51,21 @@ CORPUS: dict[str, tuple[Path, str, list[str], bool]] = {
                                               "hydra.job.chdir=true", "++hydra.job.env_set.PROBE=j${hydra:job.num}"],
                        True),
     "hydra-refers-to-job": (CONF, "llm_finetune", ["seed=3,4", "hydra.sweep.subdir=s${seed}"], False),
+    "user-command": (CONF, "llm_finetune", ["seed=range(0,3)", "launcher=slurm", "slurm.partition=debug",
+                                            "slurm.gpus_per_node=0"], True),
+    "long-values": (CONF, "llm_finetune", ["launcher=slurm", f"+extra.note='{LONG}','- {LONG}','{LONG} b'",
+                                           f"slurm.job_name='{'w ' * 45}'", "seed=1,2"], True),
     "bad-value": (CONF, "llm_finetune", ["launcher=slurm", "slurm.nodes=1,0"], True),
     "automodel-file": (AUTOMODEL_DIR, "llama3_2_1b_squad",
                        ["hydra/launcher=automodel", "hydra/sweeper=automodel_basic",
                         "++step_scheduler.max_steps=3,4", "++optimizer.lr=1e-5,2e-5", "++slurm.job_name=sq"], True),
 }
+
+#: Corpus sweeps that take over a second here: in the slow tier (``pytest tests/test_fast_path.py`` runs them all).
+#: Measured on the project's 2-core machine at load ~2: groups 3.6 s, interpolations 2.2, sweep-file 2.0, strings
+#: 2.0, numbers 1.7, add-delete-force 1.7; the five left in the fast tier 1.0-1.4 s (docs/testing.md).
+SLOW = {"user-command", "long-values", "groups", "interpolations", "sweep-file", "strings", "numbers",
+        "add-delete-force"}
 
 _STAMP = re.compile(rb"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]", re.M)
 
@@ -132,7 +142,7 @@ def run_sweep(config_dir: Path, config_name: str, args: list[str], sweep_dir: Pa
     return Record(prepared, returns, files)
 
 
-@pytest.mark.parametrize("name", list(CORPUS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in CORPUS])
 def test_the_fast_path_does_what_hydras_own_path_does(name: str, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     config_dir, config_name, args, all_fast = CORPUS[name]
@@ -142,7 +152,11 @@ def test_the_fast_path_does_what_hydras_own_path_does(name: str, tmp_path: Path,
     with monkeypatch.context() as m:
         m.setattr(_jobs.FastJobs, "run", lambda self, idx, overrides: None)  # every job: the exact path
         exact = run_sweep(config_dir, config_name, args, sweep_dir)
+    ids = {p: p.read_bytes() for p in sweep_dir.rglob("launch/tracker_id")}  # each job's, kept by a relaunch
     shutil.rmtree(sweep_dir)
+    for path, text in ids.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text)
     taken: list[bool] = []
 
     def counted(self: _jobs.FastJobs, idx: int, overrides: tp.Sequence[str]) -> JobReturn | None:
@@ -164,3 +178,63 @@ def test_the_fast_path_does_what_hydras_own_path_does(name: str, tmp_path: Path,
         assert exact.returns == "exit 2" and not any(p.endswith("sbatch.sh") for p in exact.files)
     else:
         assert any(p.endswith(".hydra/config.yaml") for p in exact.files)
+
+
+# ----------------------------------------------------------------------------------------------- long values
+
+
+#: Values that PyYAML's emitter writes differently at different columns and depths: past the 80-column width
+#: (plain text wraps at spaces, quoted text too), quoted styles, block collections, empty ones.
+PLACED = [
+    "short", 3, 2.5e-4, None, True, "on", "1e3", "",
+    "a" * 90,  # no space: one line past the width
+    "word " * 30,  # plain text, wrapped at spaces
+    "- starts like a list item, so it is quoted, and it is long enough to wrap " * 2,  # single-quoted, wrapped
+    "a tab\there and more words to go past the width of eighty columns for sure" * 2,  # double-quoted, wrapped
+    "two\nlines with a longer second line that goes past the width of eighty columns",
+    ["x=1", "launcher=slurm", "slurm.partition=debug", "+extra.long='" + "w " * 50 + "'"],
+    [], {}, {"a": 1, "b": ["c", "d " * 50]},
+]
+
+
+@pytest.mark.parametrize("value", PLACED, ids=range(len(PLACED)))
+def test_a_value_is_placed_as_the_emitter_writes_it_there(value: tp.Any) -> None:
+    """Each value, at three depths and after keys of three lengths, is written into the template exactly as
+    emitting the whole document writes it (OmegaConf's ``to_yaml``), and without emitting the whole document."""
+    from hydra_plugins.automodel_hydra_launcher._fast import _yaml
+
+    data = {"top": 1, "hydra": {"job": {"id": "j", "override_dirname": "x", "num": 0},
+                                "overrides": {"task": ["a"]}, "z": 2}, "last": "end"}
+    doc = _yaml.YamlDoc(data)
+    for path in (("top",), ("hydra", "job", "override_dirname"), ("hydra", "overrides", "task"),
+                 ("hydra", "job", "num")):
+        changed = _jobs._replaced(data, {path: value})
+        assert doc.text({path: value}) == _yaml.to_yaml(changed), path
+        assert doc._placed(path, value) is not None, path
+
+
+def test_a_users_sweep_command_fills_the_template_for_every_job(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``slurm.partition=debug slurm.gpus_per_node=0`` on the command line makes every job's
+    ``hydra.job.override_dirname`` line longer than YAML's 80 columns: each job's ``.hydra/hydra.yaml`` is still
+    its template with the job's values placed, never the whole document emitted again (~25 ms a job with PyYAML's
+    pure-Python emitter: what took such a sweep twice as long to reach sbatch as the benchmark's command)."""
+    from hydra_plugins.automodel_hydra_launcher._fast import _yaml
+
+    whole = []
+    replace = _yaml.YamlDoc._replace
+
+    def counted(self: tp.Any, node: tp.Any, changes: tp.Any, path: tuple[str, ...]) -> tp.Any:
+        if path == ():
+            whole.append(tuple(changes))
+        return replace(self, node, changes, path)
+
+    monkeypatch.setattr(_yaml.YamlDoc, "_replace", counted)
+    monkeypatch.chdir(tmp_path)
+    record = run_sweep(CONF, "llm_finetune", ["seed=range(0,6)", "launcher=slurm", "slurm.partition=debug",
+                                              "slurm.gpus_per_node=0"], tmp_path / "sweep")
+    hydra_yaml = record.files["0/.hydra/hydra.yaml"].decode()
+    assert "override_dirname: dry_run=True,launcher=slurm,seed=0,slurm.gpus_per_node=0,slurm.partition=debug\n" in (
+        hydra_yaml)
+    assert len(record.prepared) == 6
+    assert len(whole) <= 2, f"documents emitted whole: {len(whole)} (one template per document is expected)"

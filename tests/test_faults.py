@@ -14,14 +14,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import typing as tp
 from pathlib import Path
 
 import pytest
 
 from automodel_hydra.checkpoint import COMPLETE_MARKER, find_latest, is_complete
-from tests.helpers import ROOT, metrics, worker_pids
+from tests.helpers import ROOT, metrics, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,7 @@ class Run:
             text = pid_file.read_text().strip() if pid_file.is_file() else ""
             return int(text) if text and text != self._stale_pid and alive(int(text)) else None
 
-        return wait_for(fresh, timeout, self, "launch/pid of this run")
+        return wait_for(fresh, timeout, "launch/pid of this run", poll=0.05, proc=self.proc, output=lambda: self.output)
 
     def wait(self, timeout: float = 240) -> int:
         try:
@@ -79,20 +78,6 @@ def start(tmp_path: Path) -> tp.Iterator[tp.Callable[..., Run]]:
     yield _start
     for r in runs:
         r.kill()
-
-
-def wait_for(cond: tp.Callable[[], tp.Any], timeout: float, run: Run, what: str, poll: float = 0.05,
-             running: bool = True) -> tp.Any:
-    """Poll ``cond`` until it is true; fail when ``run`` ends first (``running``) or on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        if running and run.proc.poll() is not None:
-            raise AssertionError(f"train.py ended ({run.proc.returncode}) before {what}:\n{run.output[-4000:]}")
-        time.sleep(poll)
-    raise AssertionError(f"no {what} within {timeout}s:\n{run.output[-4000:]}")
 
 
 def signal_all(pids: tp.Iterable[int], signum: int) -> None:
@@ -128,14 +113,18 @@ TWO_RANKS = ("interactive.nproc_per_node=2", "step_scheduler.log_interval=1")
 def test_rank_killed_fails_the_job_cleanly(start) -> None:
     run = start(*TWO_RANKS, "step_scheduler.max_steps=5000", "step_scheduler.checkpoint_interval=1000")
     torchrun = run.torchrun_pid()
-    wait_for(lambda: logged_steps(run.dir) >= 3, 120, run, "training steps")
+    wait_for(lambda: logged_steps(run.dir) >= 3, 120, "training steps", poll=0.05, proc=run.proc,
+             output=lambda: run.output)
     ranks = worker_pids(torchrun)
     assert len(ranks) == 2, ranks
     os.kill(ranks[1], signal.SIGKILL)
     assert run.wait() != 0
     out = run.output
     assert "ended FAILED" in out and "torchrun exited with" in out  # the driver says so, with the job dir
-    assert "SIGKILL" in out  # torchrun's failure summary names the killed rank
+    # the rank that left no record is named first: its peer failed because it was gone
+    assert "rank 1 ended without a record (killed by a signal" in out.strip().splitlines()[-1]
+    agent_log = next((run.dir / "launch").glob("agent.*.log")).read_text()
+    assert "SIGKILL" in agent_log  # torchrun's failure summary names the killed rank, in its log
     assert not (run.dir / "result.json").exists()
     assert not any(alive(p) for p in [torchrun, *ranks]), "a rank or torchrun outlived the failed job"
 
@@ -144,8 +133,10 @@ def test_rank_killed_with_max_restarts_resumes_from_newest_checkpoint(start) -> 
     run = start(*TWO_RANKS, "interactive.max_restarts=1", "step_scheduler.max_steps=150",
                 "step_scheduler.checkpoint_interval=20")
     torchrun = run.torchrun_pid()
-    wait_for(lambda: find_latest(run.dir / "checkpoints"), 120, run, "a first checkpoint")
-    wait_for(lambda: logged_steps(run.dir) >= 25, 60, run, "steps after the checkpoint")
+    wait_for(lambda: find_latest(run.dir / "checkpoints"), 120, "a first checkpoint", poll=0.05, proc=run.proc,
+             output=lambda: run.output)
+    wait_for(lambda: logged_steps(run.dir) >= 25, 60, "steps after the checkpoint", poll=0.05, proc=run.proc,
+             output=lambda: run.output)
     ranks = worker_pids(torchrun)
     assert len(ranks) == 2, ranks
     os.kill(ranks[0], signal.SIGKILL)
@@ -219,12 +210,14 @@ def test_killed_while_checkpointing_never_resumes_from_the_partial_checkpoint(st
     run = start(*args)
     torchrun = run.torchrun_pid()
     ckpt = run.dir / "checkpoints"
-    first = wait_for(lambda: find_latest(ckpt), 180, run, "a first complete checkpoint", poll=0.01)
+    first = wait_for(lambda: find_latest(ckpt), 180, "a first complete checkpoint", poll=0.01, proc=run.proc,
+                     output=lambda: run.output)
     group = [torchrun, *worker_pids(torchrun)]  # torchrun starts each rank in a session of its own: signal each
     assert len(group) == 3, group
     partial = None
     while partial is None:
-        d = wait_for(lambda: _saving(ckpt, int(first.name[5:])), 120, run, "a save in progress", poll=0.002)
+        d = wait_for(lambda: _saving(ckpt, int(first.name[5:])), 120, "a save in progress", poll=0.002,
+                     proc=run.proc, output=lambda: run.output)
         signal_all(group, signal.SIGSTOP)
         if not (d / COMPLETE_MARKER).exists():
             partial = d
@@ -232,7 +225,8 @@ def test_killed_while_checkpointing_never_resumes_from_the_partial_checkpoint(st
         else:
             signal_all(group, signal.SIGCONT)
     assert run.wait() != 0
-    wait_for(lambda: not any(alive(p) for p in group), 30, run, "the job's processes gone", running=False)
+    wait_for(lambda: not any(alive(p) for p in group), 30, "the job's processes gone", poll=0.05,
+             output=lambda: run.output)
     assert "ended FAILED" in run.output
     killed_step = int(partial.name[5:])
     assert not is_complete(partial) and not (partial / COMPLETE_MARKER).exists()
@@ -253,7 +247,7 @@ def test_killed_while_checkpointing_never_resumes_from_the_partial_checkpoint(st
 def _assert_common_checkpoint(run: Run, ranks: list[int], resumed_from: int | None) -> int:
     """Both ranks caught the signal, stopped at one step and checkpointed it, and exited; returns that step."""
     out = run.output
-    wait_for(lambda: not any(alive(p) for p in ranks), 60, run, "the ranks' exit", running=False)
+    wait_for(lambda: not any(alive(p) for p in ranks), 60, "the ranks' exit", poll=0.05, output=lambda: run.output)
     for rank in (0, 1):
         assert re.search(rf"\[rank{rank}\].*caught SIGTERM", out), f"rank {rank} did not see the signal:\n{out}"
     stopped = re.findall(r"\[rank(\d)\].*stopped at step (\d+) on a signal", out)
@@ -275,7 +269,8 @@ def _assert_common_checkpoint(run: Run, ranks: list[int], resumed_from: int | No
 def _start_training(start: tp.Callable[..., Run], past: int) -> tuple[Run, int, list[int]]:
     run = start(*TWO_RANKS, "step_scheduler.max_steps=5000", "step_scheduler.checkpoint_interval=1000")
     torchrun = run.torchrun_pid()
-    wait_for(lambda: logged_steps(run.dir) >= past + 5, 120, run, "training steps")
+    wait_for(lambda: logged_steps(run.dir) >= past + 5, 120, "training steps", poll=0.05, proc=run.proc,
+             output=lambda: run.output)
     ranks = worker_pids(torchrun)
     assert len(ranks) == 2, ranks
     return run, torchrun, ranks

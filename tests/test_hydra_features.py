@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import typing as tp
@@ -271,7 +272,8 @@ def test_env_set_is_exported_by_every_planned_slurm_script(tmp_path: Path) -> No
     for script in (sweep / "launch").glob("sbatch*.sh"):
         text = script.read_text()
         value = next(x.split("=", 1)[1] for x in text.splitlines() if x.startswith(line))
-        arrays.update({d: value for d in (str(sweep / str(n)) for n in (0, 1)) if f"  {d}\n" in text})
+        arrays.update({d: value for d in (str(sweep / str(n)) for n in (0, 1))  # `  DIR` or `  [TASK]=DIR`
+                       if re.search(rf"^  (\[\d+\]=)?{re.escape(d)}$", text, re.MULTILINE)})
     assert arrays == {str(sweep / str(n)): f"job{n}" for n in (0, 1)}
 
 

@@ -49,8 +49,11 @@ def test_failing_rank_fails_the_command_and_shows_its_error(tmp_path) -> None:
     # the command's last line quotes the failing rank's own exception, not only torchrun's exit code
     assert last.startswith("error: ") and "ended FAILED" in last and "rank " in last and "no-such-architecture" in last
     assert not (tmp_path / "R" / "result.json").exists()
-    # torchrun's Root Cause names the rank and its exception from the rank's error file, under the job's launch/
-    root_cause = proc.stdout[proc.stdout.index("Root Cause"):]
+    # the first failed rank's traceback, once, above the last line; torchrun's own summary is in its log
+    chained = proc.stdout.count("During handling of the above exception") + proc.stdout.count("direct cause of")
+    assert proc.stdout.count("Traceback (most recent call last)") == 1 + chained  # one rank's (with its causes)
+    agent_log = next((tmp_path / "R" / "launch").glob("agent.*.log")).read_text()
+    root_cause = agent_log[agent_log.index("Root Cause"):]  # torchrun's Root Cause, from the rank's error file
     assert "error_file: <N/A>" not in root_cause and "no-such-architecture" in root_cause
     assert str(tmp_path / "R" / "launch" / "torchrun") in root_cause
 

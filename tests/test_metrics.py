@@ -99,3 +99,28 @@ def test_resume_drops_steps_after_the_checkpoint(tmp_path):
         m.log(step, loss=1.0, lr=0.1, tokens_per_s=1.0)
     m.close()
     assert _steps(tmp_path / METRICS_FILE) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_later_launch_marks_where_it_went_on_and_the_report_draws_it(tmp_path, monkeypatch):
+    """The bundled recipe's logger: the first record of a launch that appends to an earlier launch's records
+    carries ``resumed`` (a restart within the launch has its own field instead), and the report's curve has the
+    resume at that step."""
+    import json
+
+    from automodel_hydra.cli import job_curve
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    for start, steps in ((0, range(1, 4)), (3, range(4, 6))):  # a first launch, then one resumed from step 3
+        m = MetricsLogger(tmp_path, max_steps=6, start_step=start, tty=False)
+        for step in steps:
+            m.log(step, loss=1.0, lr=0.1, tokens_per_s=1.0)
+        m.close()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # an in-job restart of that launch: not a resume
+    m = MetricsLogger(tmp_path, max_steps=6, start_step=5, tty=False)
+    m.log(6, loss=1.0, lr=0.1, tokens_per_s=1.0)
+    m.close()
+    rows = [json.loads(line) for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("resumed")] == [4]
+    curve = job_curve(tmp_path)[0]
+    assert curve.resumes == [4] and curve.restarts == [6]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_two_rank_interactive_run_leaves_one_report_per_rank(tmp_path) -> None:
              "profile.nsys.start_step=2", "profile.nsys.stop_step=3", env=with_standin_path(tmp_path))
     reports = sorted(p.name for p in run.glob("*.nsys-rep"))
     host = socket.gethostname()
-    assert reports == [f"train_{host}_rank0.nsys-rep", f"train_{host}_rank1.nsys-rep"]
+    assert reports == [f"train_{host}_rank0_attempt0.nsys-rep", f"train_{host}_rank1_attempt0.nsys-rep"]
     calls = [json.loads(line) for line in (tmp_path / "nsys-calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2
     for argv in calls:
@@ -43,12 +44,17 @@ def test_two_rank_interactive_run_leaves_one_report_per_rank(tmp_path) -> None:
 @pytest.mark.slow
 def test_missing_nsys_is_a_clear_error_at_start(tmp_path) -> None:
     env = {"PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nsys").exists())}
-    proc = train_py("profile=nsys", f"hydra.run.dir={tmp_path}", "step_scheduler.max_steps=2",
-                    "interactive.nproc_per_node=1", env=env, check=False)
-    assert proc.returncode != 0
-    assert "nsys (Nsight Systems) is not on PATH" in proc.stdout
-    assert "nsys (Nsight Systems) is not on PATH" in (tmp_path / "train.log").read_text()  # where `logs` looks
-    assert not (tmp_path / "metrics.jsonl").exists()
+    args = ("profile=nsys", f"hydra.run.dir={tmp_path}", "step_scheduler.max_steps=2", "interactive.nproc_per_node=1")
+    proc = train_py(*args, env=env, check=False)
+    assert proc.returncode == 2  # found before torchrun starts: nothing was started
+    assert "nsys (Nsight Systems) is not on PATH on this machine" in proc.stdout
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "launch" / "torchrun.sh").exists()
+    # the script a dry run writes checks again when it is run by hand, into the job log where `logs` looks
+    train_py(*args, "dry_run=true", env=env)
+    by_hand = subprocess.run(["bash", str(tmp_path / "launch" / "torchrun.sh")], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=60)
+    assert by_hand.returncode == 127 and "nsys (Nsight Systems) is not on PATH" in by_hand.stderr
+    assert "nsys (Nsight Systems) is not on PATH" in (tmp_path / "train.log").read_text()
 
 
 @pytest.mark.slow  # runs train.py or a script as a real process

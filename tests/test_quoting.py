@@ -70,7 +70,7 @@ def test_interactive_trains_in_a_weird_dir_with_a_weird_job_name(weird_path: Pat
     assert sorted(p.name for p in weird_path.iterdir()) == ["run"]  # nothing split off the path
     assert [r["step"] for r in metrics(run)] == [1, 2]
     assert "done:" in (run / f"{WEIRD_JOB}.log").read_text()  # the worker's --log-file arrived whole
-    assert len(list(run.glob(f"{WEIRD_JOB}_*_rank0.nsys-rep"))) == 1  # nsys' --output too
+    assert len(list(run.glob(f"{WEIRD_JOB}_*_rank0_attempt0.nsys-rep"))) == 1  # nsys' --output too
 
 
 # ----------------------------------------------------------------------------------------------- Slurm
@@ -123,7 +123,8 @@ def test_slurm_array_and_job_scripts_keep_weird_values_as_data(weird_path: Path,
         # $HOME is a reference, expanded in the job (bash's meaning, as AutoModel's `export K=V`); the rest is data
         assert seen["env"]["NOTE"] == WEIRD_VALUE.replace("$HOME", str(tmp_path))
         args = seen["argv"][seen["argv"].index("automodel_hydra.worker") + 1:]
-        assert args == [str(job_dir / "launch" / "job.yaml"), "--log-file", str(job_dir / f"{WEIRD_JOB}.log")]
+        assert args == [str(job_dir / "launch" / "job.yaml"), "--log-file", str(job_dir / f"{WEIRD_JOB}.log"),
+                        "--started-by", "srun", "--scheduler", "slurm"]
         assert (job_dir / "launch" / "job.yaml").is_file()
     assert_no_marks(tmp_path)
 
@@ -172,7 +173,8 @@ def test_skypilot_run_keeps_weird_values_as_data(weird_path: Path, tmp_path: Pat
     assert out.is_dir() and (out / "result.json").is_file()  # mkdir -p and the result line used the exact path
     assert '"loss": 1.0' in proc.stdout
     assert argv[argv.index("--log-file") + 1] == f"{out}/{WEIRD_JOB}.log"
-    assert f"--output={out}/{WEIRD_JOB}_%h_rank%q{{RANK}}" in argv and f"--opt={WEIRD_VALUE}" in argv
+    assert f"--output={out}/{WEIRD_JOB}_%h_rank%q{{RANK}}_attempt%q{{TORCHELASTIC_RESTART_COUNT}}" in argv
+    assert f"--opt={WEIRD_VALUE}" in argv
     assert argv[argv.index("automodel_hydra.worker") + 1] == f"{home}/automodel/{task['name']}/launch/job.yaml"
     assert_no_marks(tmp_path)
 

@@ -26,14 +26,7 @@ from automodel_hydra.bootstrap import (
     rendezvous,
     wait_for_ranks,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import ROOT, free_port
 
 
 def two_ranks(rank: int, port: int, addr: str = "127.0.0.1") -> DistEnv:

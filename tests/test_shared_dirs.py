@@ -27,6 +27,7 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.slow
 def test_files_follow_the_umask(tmp_path: Path) -> None:
     run = tmp_path / "R"
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run}", "dry_run=true"],

@@ -26,6 +26,7 @@ from automodel_hydra.backends import skypilot, skypilot_sdk
 from automodel_hydra.bootstrap import DistEnv
 from automodel_hydra.plan import JobSpec, PreflightError
 from automodel_hydra.schema import ConfigError
+from automodel_hydra.sections import FOR_EVERY_RANK
 from tests.helpers import ROOT, SKY_ELSEWHERE, compose_cfg
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -621,7 +622,7 @@ def test_automodel_file_reaches_the_nodes_unchanged_and_nodes_install_automodel(
     skypilot.SkyPilot().check([p])  # SkyPilot's schema and sky.Task
     assert sky.Task.from_yaml_config(yaml.safe_load(p.files[skypilot.TASK_FILE])).num_nodes == 1
     node = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
-    ours = {k: node.pop(k) for k in ("output_dir", "profile")}
+    ours = {k: node.pop(k) for k in FOR_EVERY_RANK}  # ours in every rank's spec
     assert node == sections  # every section as the user wrote it, and nothing else
     assert ours["output_dir"] == f"/checkpoints/{p.request.name}"  # spot: the run's dir in its bucket
     setup = p.request.task["setup"]
@@ -678,7 +679,7 @@ def test_automodel_local_model_and_dataset_are_file_mounts_at_their_own_paths(sk
     assert mounts == {str(model): str(model.resolve()), str(data): str(data.resolve()), str(val): str(val.resolve())}
     assert not any("meta-llama" in k for k in task.file_mounts or {})
     node = yaml.safe_load(p.files[skypilot.NODE_JOB_FILE])
-    assert {k: v for k, v in node.items() if k not in ("output_dir", "profile")} == sections  # as written
+    assert {k: v for k, v in node.items() if k not in FOR_EVERY_RANK} == sections  # as written
 
 
 def test_automodel_local_paths_the_nodes_cannot_have_are_one_line_each(tmp_path: Path,

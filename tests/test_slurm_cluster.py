@@ -6,17 +6,20 @@ states (COMPLETED, CANCELLED); a requeued job restarts within seconds. About 20-
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import socket
+import subprocess
 import sys
 import textwrap
 import time
-import typing as tp
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster
+from tests.helpers import wait_for
+from tests.slurm_cluster import REPO_ROOT, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -52,16 +55,6 @@ srun {python} -c {code}
 """
 
 
-def _wait_for(predicate: tp.Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``predicate`` every 0.1 s; return the seconds it took, fail the test after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -72,7 +65,7 @@ def test_both_nodes_idle(slurm_cluster: SlurmCluster) -> None:
         return dict(line.split() for line in out.splitlines())
 
     # a job of an earlier test (or another session sharing the cluster) may still be completing
-    _wait_for(lambda: set(states().values()) == {"idle"}, 30, "idle nodes")
+    wait_for(lambda: set(states().values()) == {"idle"}, 30, "idle nodes")
     assert states() == {node: "idle" for node in slurm_cluster.nodes}
 
 
@@ -95,7 +88,7 @@ def test_two_node_gloo_all_reduce(slurm_cluster: SlurmCluster, tmp_path: Path) -
 
 def test_scancel_gives_cancelled(slurm_cluster: SlurmCluster) -> None:
     job_id = slurm_cluster.sbatch("--output=/dev/null", "--time=2", "--wrap", "sleep 300")
-    _wait_for(lambda: slurm_cluster.job_info(job_id).get("JobState") == "RUNNING", 30, f"job {job_id} to run")
+    wait_for(lambda: slurm_cluster.job_info(job_id).get("JobState") == "RUNNING", 30, f"job {job_id} to run")
 
     slurm_cluster.run("scancel", job_id)
     slurm_cluster.wait_gone(job_id, timeout=30)
@@ -109,11 +102,13 @@ def test_requeued_job_restarts_quickly(slurm_cluster: SlurmCluster, tmp_path: Pa
         "--wrap", f"echo start ${{SLURM_RESTART_COUNT:-0}} >> {shlex.quote(str(starts))}; sleep 300",
     )  # fmt: skip
     try:
-        _wait_for(lambda: len(_lines(starts)) == 1, 30, f"job {job_id} to start")
+        wait_for(lambda: len(_lines(starts)) == 1, 30, f"job {job_id} to start")
 
         slurm_cluster.run("scontrol", "requeue", job_id)
         # the hold-off is AuthInfo=cred_expire=5 (+1 s), then a scheduler pass (sched_interval=1): ~6-7 s
-        waited = _wait_for(lambda: len(_lines(starts)) == 2, 30, f"job {job_id} to restart")
+        requeued = time.monotonic()
+        wait_for(lambda: len(_lines(starts)) == 2, 30, f"job {job_id} to restart")
+        waited = time.monotonic() - requeued
         assert waited < 15, f"requeued job restarted only after {waited:.1f} s"
         assert _lines(starts) == ["start 0", "start 1"]
         assert slurm_cluster.job_info(job_id)["Restarts"] == "1"
@@ -130,3 +125,18 @@ def test_generated_config_names_no_path_outside_the_state_dir(slurm_cluster: Slu
     assert paths, "no path found: the pattern is wrong"
     outside = [p for p in paths if not (p.startswith(f"{slurm_cluster.dir}/") or p.startswith("/tmp/"))]
     assert outside == [], f"{slurm_cluster.conf} names paths outside {slurm_cluster.dir}: {outside}"
+
+
+def test_a_second_up_after_one_that_failed_on_a_busy_port_names_the_port_again(tmp_path: Path) -> None:
+    """An ``up`` that fails before writing anything (a port in use) leaves only its own ``.lock``: the next ``up``
+    names the port again, not "not a slurm-cluster state dir" (which sent the user hunting a dir they never made)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        env = {**os.environ, "SLURM_CLUSTER_DIR": str(tmp_path / "state"),
+               "SLURM_CLUSTER_PORT_BASE": str(busy.getsockname()[1])}
+        for _ in range(2):
+            run = subprocess.run([str(REPO_ROOT / "scripts" / "slurm-cluster"), "up"], env=env, text=True,
+                                 capture_output=True, timeout=60)
+            assert run.returncode == 1 and "is in use" in run.stderr, run.stderr
+    assert [p.name for p in (tmp_path / "state").iterdir()] == [".lock"]

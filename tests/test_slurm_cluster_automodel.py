@@ -1,6 +1,7 @@
 """A file with an AutoModel-shaped ``slurm:`` section (AutoModel's key names, no ``gpus_per_node``) on the project's
 real Slurm test cluster, which has no GPUs: it is submitted without a GPU request and runs to the end; a GPU
-request the cluster cannot meet is refused in one line naming the key. One short job (2 steps, 2 ranks)."""
+request the cluster cannot meet is refused in one line naming the key, before sbatch. One short job (2 steps,
+2 ranks)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def test_an_automodel_shaped_slurm_file_without_gpus_per_node_runs_on_a_cluster_
     assert slurm_cluster.sacct_state(record["job_ids"][0], timeout=30) == "COMPLETED"
     assert json.loads((run / "result.json").read_text())["world_size"] == 2
 
+    # refused by the preflight from the partition's nodes (no GPUs in their Gres), before anything is submitted
     refused = _cli(str(cfg), "--slurm.gpus_per_node=1", f"hydra.run.dir={tmp_path / 'G'}", cwd=tmp_path)
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     last = refused.stdout.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "slurm.gpus_per_node" in last, refused.stdout[-2000:]
+    assert last.startswith("error: ") and "slurm.gpus_per_node=1" in last, refused.stdout[-2000:]
+    assert not (tmp_path / "G" / "launch" / "submission.json").exists()

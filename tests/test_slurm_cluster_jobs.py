@@ -118,7 +118,8 @@ def test_preempted_job_requeues_and_logs_every_step_once(slurm_cluster, tmp_path
 
 def test_dry_run_writes_the_script_and_submits_nothing(slurm_cluster, tmp_path: Path) -> None:
     name = f"dry-{secrets.token_hex(4)}"
-    proc = train_py(*BASE, f"slurm.job_name={name}", "dry_run=true", f"hydra.run.dir={tmp_path / 'D'}")
+    proc = train_py(*BASE, "slurm.ntasks_per_node=2", f"slurm.job_name={name}", "dry_run=true",
+                    f"hydra.run.dir={tmp_path / 'D'}")
     script = (tmp_path / "D" / "launch" / "sbatch.sh").read_text()
     assert f"#SBATCH --job-name={name}" in script and script.strip() in proc.stdout
     assert not (tmp_path / "D" / "launch" / "submission.json").exists()

@@ -39,7 +39,7 @@ from automodel_hydra.backends.slurm_states import query
 from automodel_hydra.plan import JobSpec, worker_argv
 from automodel_hydra.states import JobState, StateInfo
 from automodel_hydra.worker import EXIT, REQUEUE, WAIT, StopFlag, after_stop, preempt_time
-from tests.helpers import ROOT, compose_cfg, metrics
+from tests.helpers import ROOT, compose_cfg, metrics, wait_for
 
 FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 #: A job requeued by anyone restarts ~6-7 s later here (cred_expire=5, sched_interval=1); wait longer than that
@@ -82,6 +82,7 @@ def test_stop_flag_records_each_signal_once_in_order() -> None:
     assert flag() and flag.signals == [signal.SIGUSR2, signal.SIGTERM] and flag.terminated
 
 
+@pytest.mark.slow
 def test_worker_module_imports_nothing_heavy_before_its_handlers() -> None:
     """``python -m automodel_hydra.worker`` installs its handlers first thing in main(): that only helps if
     importing the module itself does not take torch's 5-15 s."""
@@ -153,17 +154,6 @@ def output(run: Path, job: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def wait_for(what: str, predicate: tp.Callable[[], bool], timeout: float, run: Path | None = None,
-             job: str = "") -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            tail = output(run, job)[-3000:] if run is not None else ""
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
-        time.sleep(0.2)
-    return time.monotonic() - start
-
-
 def training(run: Path, steps: int = 3) -> bool:
     """Whether rank 0 has logged ``steps`` steps."""
     return logged_steps(run) >= steps
@@ -194,7 +184,8 @@ def state(job: str) -> StateInfo:
 def wait_final(cluster: tp.Any, job: str, timeout: float = 120.0) -> JobState:
     """The state once the job left the queue and accounting agrees with squeue."""
     cluster.wait_gone(job, timeout=timeout)
-    wait_for(f"job {job} to be final in accounting", lambda: cluster.sacct_state(job) in cluster_terminal(), 30)
+    wait_for(lambda: cluster.sacct_state(job) in cluster_terminal(), 30, f"job {job} to be final in accounting",
+             poll=0.2)
     return state(job).state
 
 
@@ -223,7 +214,7 @@ def test_scancel_checkpoints_and_the_job_stays_cancelled(cluster: tp.Any, tmp_pa
     one requeues it, though it is requeueable and has requeues left."""
     run = job_dir(tmp_path, "cancel")
     job = sbatch(cluster, worker_script(run, max_requeues=3, directives=[("requeue", True)]))
-    wait_for("training", functools.partial(training, run), START_TIMEOUT_S, run, job)
+    wait_for(functools.partial(training, run), START_TIMEOUT_S, "training", poll=0.2, output=lambda: output(run, job))
 
     cluster.run("scancel", job)
     assert wait_final(cluster, job) is JobState.CANCELLED
@@ -248,7 +239,8 @@ def test_time_limit_warning_requeues_and_the_job_resumes(cluster: tp.Any, tmp_pa
     run = job_dir(tmp_path, "timeout")
     job = sbatch(cluster, worker_script(run, time_min=2, max_requeues=1,
                                               directives=[("signal", "USR2@110"), ("requeue", True)]))
-    wait_for("the job to requeue itself", lambda: cluster.job_info(job).get("Restarts") == "1", 150, run, job)
+    wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 150, "the job to requeue itself", poll=0.2,
+             output=lambda: output(run, job))
     step = checkpointed_step(output(run, job))
     shorten(run, step + 5)
     cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
@@ -260,6 +252,9 @@ def test_time_limit_warning_requeues_and_the_job_resumes(cluster: tp.Any, tmp_pa
     assert [r["step"] for r in metrics(run)] == list(range(1, step + 6)), "a step was lost or run twice"
     assert (run / "result.json").exists()
     assert attempts(cluster, job) == ["REQUEUED", "COMPLETED"]
+    from automodel_hydra import ledger
+
+    assert [a.kind for a in ledger.attempts(run / "launch")] == ["time_limit", "completed"]
 
 
 @pytest.mark.slurm
@@ -280,12 +275,13 @@ def test_preemption_follows_the_partitions_preempt_mode(cluster: tp.Any, tmp_pat
         ("partition", p), ("requeue", True), *([("signal", "USR2@60")] if p == "lowgrace" else [])]))
             for p, run in runs.items()}
     for p, run in runs.items():
-        wait_for(f"training in {p}", functools.partial(training, run), START_TIMEOUT_S, run, jobs[p])
+        wait_for(functools.partial(training, run), START_TIMEOUT_S, f"training in {p}", poll=0.2,
+                 output=functools.partial(output, run, jobs[p]))
 
     cluster.sbatch("--partition=high", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap=sleep 1")
     assert wait_final(cluster, jobs["lowcancel"]) is JobState.PREEMPTED
     assert wait_final(cluster, jobs["lowgrace"]) is JobState.PREEMPTED
-    wait_for("low to be requeued", lambda: cluster.job_info(jobs["low"]).get("Restarts") == "1", 60)
+    wait_for(lambda: cluster.job_info(jobs["low"]).get("Restarts") == "1", 60, "low to be requeued", poll=0.2)
     step = checkpointed_step(output(runs["low"], jobs["low"]))
     shorten(runs["low"], step + 5)
     assert wait_final(cluster, jobs["low"], timeout=START_TIMEOUT_S) is JobState.COMPLETED
@@ -302,6 +298,15 @@ def test_preemption_follows_the_partitions_preempt_mode(cluster: tp.Any, tmp_pat
     assert "not requeued: SIGTERM" in low and "requeuing Slurm job" not in low and f"restored step {step}" in low
     assert attempts(cluster, jobs["low"]) == ["PREEMPTED", "COMPLETED"]
     assert [r["step"] for r in metrics(runs["low"])] == list(range(1, step + 6))
+    # the ledger classes each attempt from what the ranks recorded, and a preemption spends no failure budget: a
+    # crash after two of them is still retried (failure_budget.crash=1)
+    from automodel_hydra import failures, ledger
+
+    rows = {p: [a.kind for a in ledger.attempts(run / "launch")] for p, run in runs.items()}
+    assert rows == {"low": ["preempted", "completed"], "lowcancel": ["preempted"], "lowgrace": ["preempted"]}, rows
+    before = [*ledger.failed_before(runs["low"] / "launch", (2, 0)), "preempted"]
+    assert before == ["preempted", "preempted"]
+    assert failures.decide(failures.Failure("crash", "ValueError: x"), before, failures.FailureBudget()).retry
 
 
 @pytest.mark.slurm
@@ -313,10 +318,12 @@ def test_node_failure_is_final_unless_the_job_is_requeueable(cluster: tp.Any) ->
     final = cluster.sbatch("-w", "node2", "--no-requeue", "--output=/dev/null", "--wrap=sleep 300")
     again = cluster.sbatch("-w", "node2", "--requeue", "--output=/dev/null", "--wrap=sleep 300")
     try:
-        wait_for("both jobs to run", lambda: {state(final).state, state(again).state} == {JobState.RUNNING}, 60)
+        wait_for(lambda: {state(final).state, state(again).state} == {JobState.RUNNING}, 60, "both jobs to run",
+                 poll=0.2)
         cluster.run("scontrol", "update", "nodename=node2", "state=down", "reason=node-fail-test")
         assert wait_final(cluster, final, timeout=60) is JobState.NODE_FAIL
-        wait_for("the requeueable job to be back", lambda: cluster.job_info(again).get("Restarts") == "1", 30)
+        wait_for(lambda: cluster.job_info(again).get("Restarts") == "1", 30, "the requeueable job to be back",
+                 poll=0.2)
         time.sleep(REQUEUE_WINDOW_S)
         assert state(final) == StateInfo(JobState.NODE_FAIL) and attempts(cluster, final) == ["NODE_FAIL"]
         assert state(again).state in (JobState.PENDING, JobState.RUNNING)
@@ -324,8 +331,8 @@ def test_node_failure_is_final_unless_the_job_is_requeueable(cluster: tp.Any) ->
     finally:
         cluster.run("scancel", again, final, check=False)
         cluster.run("scontrol", "update", "nodename=node2", "state=resume", check=False)
-        wait_for("node2 back", lambda: "node2 idle" in cluster.run(
-            "sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t").stdout, 60)
+        wait_for(lambda: "node2 idle" in cluster.run("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t").stdout, 60,
+                 "node2 back", poll=0.2)
 
 
 EXPORT_PROBE = 'echo "{label}: FROM_SCRIPT=${{FROM_SCRIPT-unset}} REF=${{SEEN_REF-unset}}"'

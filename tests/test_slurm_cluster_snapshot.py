@@ -58,3 +58,36 @@ def test_held_sweep_runs_the_submitted_recipe_not_the_edited_one(slurm_cluster, 
     assert record["snapshot"] == "git" and record["commit"] == head.stdout.strip() and record["dirty"] is True
     assert record["dir"] == str(sweep / "launch" / "code") and record["files"] == 3
     assert not [p for p in (sweep / "launch").iterdir() if p.name.startswith(".code")]
+
+
+VENDORED = '''
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "third_party", "mylib"))  # as Megatron users do
+import mylib  # noqa: E402
+
+VERSION = "{version}"
+
+
+def main(cfg, dist, should_stop):
+    return {{"loss": 0.0, "lib": mylib.NAME}}
+'''
+
+
+def test_a_recipe_importing_a_submodule_runs_from_the_snapshot(slurm_cluster, tmp_path: Path) -> None:
+    """``third_party/mylib`` is a git submodule the recipe imports: the snapshot holds its files, so the job that
+    imported fine here imports on the ranks too (the snapshot held only the superproject's files before)."""
+    from tests.test_snapshot import with_submodule
+
+    repo = user_repo(tmp_path, VENDORED, USER_JOB)
+    with_submodule(repo, tmp_path)
+    run = tmp_path / "R"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(repo), "--config-name", "job",
+                           "slurm.wait=true", f"hydra.run.dir={run}"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((run / "result.json").read_text())["lib"] == "mylib"
+    record = json.loads((run / "launch" / "submission.json").read_text())["code"]
+    assert list(record["submodules"]) == ["third_party/mylib"]

@@ -3,19 +3,18 @@ runs the worker from the run's code snapshot, mounted with the run dir and put o
 container, where the image's own environment would otherwise win.
 
 Pyxis cannot exist here (it is a Slurm plugin that needs enroot and root on every node), so the batch script is
-checked as rendered, and then RUN by bash with a STAND-IN ``srun`` that does what Pyxis does to a task's process
-(tests only): it takes the image's ``PATH`` and ``PYTHONPATH`` over the batch step's (Pyxis keeps the image's value
-of a variable the image defines), starts in ``--container-workdir`` and checks every ``--container-mounts`` source.
+checked as rendered, and then RUN by bash with a STAND-IN of Pyxis' ``srun`` (tests/standins/pyxis, tests only)
+that does what Pyxis does to a task's process: it takes the image's ``PATH`` and ``PYTHONPATH`` over the batch
+step's (Pyxis keeps the image's value of a variable the image defines), starts in ``--container-workdir`` and
+checks every ``--container-mounts`` source, then hands the task to the srun stand-in of tests/standins/slurm.
 The "image" is a plain Python with no venv, only the site dir that holds torch and omegaconf on its path: it has no
 ``automodel_hydra``, so a job that completes imported it from the mounted snapshot."""
 
 from __future__ import annotations
 
 import json
-import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,14 @@ from automodel_hydra import config, driver, snapshot
 from automodel_hydra.backends import slurm
 from automodel_hydra.plan import JobSpec, Plan
 from automodel_hydra.schema import ConfigError
+from automodel_hydra.sections import FOR_EVERY_RANK
 from tests.helpers import ROOT, compose_cfg
 
 IMAGE = "nvcr.io/nvidia/nemo:25.02"
 SLURM_STANDINS = ROOT / "tests" / "standins" / "slurm"
+#: The STAND-IN of Pyxis' srun (see its header), in front of the srun stand-in here and of the real srun on the
+#: test cluster (tests/test_slurm_tunnel_login.py).
+PYXIS_STANDIN = ROOT / "tests" / "standins" / "pyxis"
 
 
 def plan_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str, sweep: bool = False
@@ -91,44 +94,6 @@ def test_a_blank_image_is_refused_not_planned_as_bare_metal_in_a_container_prolo
         plan_job(tmp_path, monkeypatch, f"slurm.container_image='{image}'")
 
 
-def _exe(path: Path, text: str) -> None:
-    path.write_text(textwrap.dedent(text).lstrip())
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
-def pyxis_srun(bin_dir: Path) -> None:
-    """The STAND-IN srun with Pyxis (see the module docstring)."""
-    _exe(bin_dir / "srun", """
-        #!/bin/bash
-        # STAND-IN (tests only): srun --container-image as Pyxis runs one task, without the container itself
-        set -uo pipefail
-        image="" mounts="" workdir="" output=""
-        while (($#)); do
-            case "$1" in
-                --container-image=*) image=${1#*=} ;;
-                --container-mounts=*) mounts=${1#*=} ;;
-                --container-workdir=*) workdir=${1#*=} ;;
-                --output=*) output=${1#*=} ;;
-                -*) ;;
-                *) break ;;
-            esac
-            shift
-        done
-        [[ -n "$image" ]] || { echo "pyxis stand-in: no --container-image" >&2; exit 1; }
-        IFS=, read -ra list <<< "$mounts"
-        for m in "${list[@]}"; do
-            src=${m%%:*} dst=${m#*:}
-            [[ -e "$src" ]] || { echo "pyxis stand-in: mount source $src does not exist" >&2; exit 1; }
-            [[ "$src" == "$dst" ]] || { echo "pyxis stand-in: only same-path mounts: $m" >&2; exit 1; }
-        done
-        export PATH="$IMAGE_PATH" PYTHONPATH="$IMAGE_PYTHONPATH"  # the image's ENV wins
-        export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_STEP_ID=0
-        cd "$workdir" || exit 1
-        out=${output//%j/$SLURM_JOB_ID}; out=${out//%t/0}
-        exec "$@" >>"$out" 2>&1
-        """)
-
-
 @pytest.mark.slow
 def test_the_job_runs_the_worker_from_the_mounted_snapshot_in_a_python_without_this_project(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,10 +116,7 @@ def test_the_job_runs_the_worker_from_the_mounted_snapshot_in_a_python_without_t
                            env={"PATH": image_env["IMAGE_PATH"], "PYTHONPATH": site}, capture_output=True, text=True)
     assert "No module named 'automodel_hydra'" in probe.stderr, probe.stderr  # the premise: a stock image
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    pyxis_srun(bin_dir)
-    env = {"PATH": f"{bin_dir}:{SLURM_STANDINS}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "77",
+    env = {"PATH": f"{PYXIS_STANDIN}:{SLURM_STANDINS}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "77",
            "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
            "SLURM_JOB_NUM_NODES": "1", "SLURMD_NODENAME": "localhost", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": "/host/venv/only", **image_env}
@@ -218,7 +180,7 @@ def test_a_recipes_local_model_and_dataset_are_mounted_into_the_container_at_the
     assert [m for m in mounts if m.startswith(str(tmp_path))] == [f"{shared}:{tmp_path / 'val'}", f"{data}:{data}",
                                                                   f"{model}:{model}", f"{job.job_dir}:{job.job_dir}"]
     assert "meta-llama" not in plan.files["sbatch.sh"]
-    assert {k: v for k, v in config.rank_spec(cfg).items() if k not in ("output_dir", "profile")} == sections
+    assert {k: v for k, v in config.rank_spec(cfg).items() if k not in FOR_EVERY_RANK} == sections
     # bare metal: the nodes share this host's filesystem; nothing is mounted (no container)
     bare = config.load({**sections, "output_dir": str(tmp_path / "R"), "slurm": {"ntasks_per_node": 1}})
     assert "--container-mounts" not in backend.plan(bare, job, backend.preflight([bare])).files["sbatch.sh"]

@@ -28,7 +28,8 @@ def test_a_learning_sweeper_with_detached_jobs_is_refused_in_one_line_before_sba
     errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
     assert proc.returncode != 0 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     assert errors == [proc.stdout.strip().splitlines()[-1]], proc.stdout[-3000:]
-    assert "slurm.detach=True" in errors[0] and "hydra/sweeper=optuna" in errors[0] and "waited for" in errors[0]
+    assert "slurm.detach=true is invalid: it must be false here" in errors[0], errors
+    assert "hydra/sweeper=optuna" in errors[0] and "waited for" in errors[0], errors
     assert not list(sweep.rglob("sbatch*.sh")) and not list(sweep.rglob("submission.json")), "something was submitted"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra import config
-from automodel_hydra.backends import slurm
+from automodel_hydra.backends import slurm, slurm_plan
 from automodel_hydra.backends.slurm import parse_slurm_time
 from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
 from automodel_hydra.plan import Batch, JobSpec, Plan, PreflightError, write_run_id
@@ -178,7 +179,8 @@ def test_nsys_wraps_each_rank() -> None:
     text = script(["profile=nsys"])
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert " nsys profile " in srun and srun.index("nsys profile") < srun.index("automodel_hydra.worker")
-    assert '--output="$AUTOMODEL_JOB_DIR"\'/train_%h_rank%q{SLURM_PROCID}\'' in srun
+    # one report per rank and per attempt: a requeued job's reports never replace the first attempt's
+    assert '--output="$AUTOMODEL_JOB_DIR"\'/train_%h_rank%q{SLURM_PROCID}_requeue%q{AUTOMODEL_REQUEUE}\'' in srun
     assert "command -v nsys" in text  # a clear error on a node without nsys
 
 
@@ -332,7 +334,7 @@ def test_an_automodel_recipe_gets_automodels_template_settings(standins: Path, t
     assert (env["CUDA_DEVICE_MAX_CONNECTIONS"], env["NCCL_NVLS_ENABLE"]) == ("8", "1")
     bundled = script()
     assert "mail-type" not in directives(bundled)
-    assert not [v for v in slurm.AUTOMODEL_TASK_ENV if v in bundled]
+    assert not [v for v in slurm_plan.AUTOMODEL_TASK_ENV if v in bundled]
 
 
 def test_port_taken_on_the_master_moves_up(standins: Path, tmp_path: Path) -> None:
@@ -377,9 +379,10 @@ def test_weird_values_stay_data_when_bash_runs_the_script(standins: Path, tmp_pa
     assert seen["env"]["WEIRD"] == env_value.replace("$HOME ${HOME}", f"{seen['env']['HOME']} {seen['env']['HOME']}")
     assert seen["env"]["AUTOMODEL_JOB_DIR"] == str(job.job_dir)
     args = worker_args(seen["argv"])
-    assert args == [str(job.job_file), "--log-file", str(job.log_file)]
+    assert args == [str(job.job_file), "--log-file", str(job.log_file), "--started-by", "srun", "--scheduler", "slurm"]
     assert f"--comment={WEIRD}" in seen["argv"]
-    assert f"--output={job.job_dir}/{job.job_name}_%h_rank%q{{SLURM_PROCID}}" in seen["argv"]
+    report = f"{job.job_dir}/{job.job_name}_%h_rank%q{{SLURM_PROCID}}_requeue%q{{AUTOMODEL_REQUEUE}}"
+    assert f"--output={report}" in seen["argv"]
     assert not list(tmp_path.glob("MARK*")) and not list(Path.cwd().glob("MARK*")), "a value ran as code"
     assert directives(text)["job-name"].startswith('"llm we ird')  # sbatch parses quoted #SBATCH values
 
@@ -425,7 +428,23 @@ def test_sweep_larger_than_max_array_size_is_split(tmp_path: Path) -> None:
     _, batches = sweep_batches(sweep_plans(tmp_path, 5), tmp_path / "sweep", max_array_size=2)
     scripts = [{p.name: t for p, t in b.files.items() if p.parent == tmp_path / "sweep" / "launch"} for b in batches]
     assert [list(s) for s in scripts] == [["sbatch.sh"], ["sbatch_2.sh"], ["sbatch_4.sh"]]
-    assert [directives(t)["array"] for s in scripts for t in s.values()] == ["0-1%2", "0-1%2", "0-0%1"]
+    assert [directives(t)["array"] for s in scripts for t in s.values()] == ["0-1%2", "0-1%2", "0%1"]
+
+
+def test_a_resumed_sweeps_array_holds_just_the_members_that_run_again_as_their_own_task_ids(
+        fake_slurm: Path, standins: Path) -> None:
+    """A resume submits the members 2 and 5 of a sweep: one array ``--array=2,5``, task N runs job N's dir and
+    is named ``<id>_N`` (so sacct's ``42_5`` is job 5, as in the first launch); past MaxArraySize, 0..n-1."""
+    plans = [p for p in sweep_plans(fake_slurm, 6) if p.job.job_num in (2, 5)]
+    backend, (batch,) = sweep_batches(plans, fake_slurm / "sweep")
+    text = batch.files[fake_slurm / "sweep" / "launch" / "sbatch_2.sh"]
+    assert directives(text)["array"] == "2,5%2"
+    seen = run_script(text, standins, fake_slurm, job_id=600, nodes=1, SLURM_ARRAY_TASK_ID="5")
+    assert worker_args(seen["argv"])[0] == str(plans[1].job.job_file)
+    write(batch)
+    assert [s.ids for s in backend.submit(batch)] == [["42_2"], ["42_5"]]
+    _, (split,) = sweep_batches(plans, fake_slurm / "sweep", max_array_size=5)
+    assert directives(split.files[fake_slurm / "sweep" / "launch" / "sbatch_2.sh"])["array"] == "0-1%2"
 
 
 def test_different_slurm_options_make_different_arrays(tmp_path: Path) -> None:
@@ -438,7 +457,7 @@ def test_max_array_size_is_read_from_the_cluster(monkeypatch: pytest.MonkeyPatch
     _write_exe(tmp_path / "scontrol", "#!/bin/sh\necho 'MaxArraySize            = 40'\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     backend = slurm.Slurm()
-    assert backend.preflight([]) == slurm.Facts(max_array_size=40)
+    assert backend.preflight([]).max_array_size == 40  # (the real sinfo may answer the partitions too)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     assert backend.preflight([]).max_array_size == slurm.DEFAULT_MAX_ARRAY_SIZE
 
@@ -489,6 +508,34 @@ def test_no_reachable_cluster_says_what_is_missing(fake_slurm: Path, said: str, 
         backend.submit(batch)
 
 
+@pytest.mark.parametrize("printed, listed, ids", [
+    ("sbatch wrapper: charged to account 'test'\n42\n", True, ["42"]),  # a site wrapper's banner before the id
+    ("Submitted batch job 42\n", True, ["42"]),  # a wrapper that drops --parsable
+    ("queued.\n", False, []),  # neither the output nor squeue says which job: recorded without an id
+])
+def test_a_job_sbatch_queued_is_recorded_whatever_sbatch_printed(fake_slurm: Path, printed: str, listed: bool,
+                                                                 ids: list[str]) -> None:
+    """sbatch exited 0, so the job is queued: its id is what ``--parsable`` printed, else the job squeue lists for
+    the script; a submission is returned (and recorded) in every case, and a job without an id says so."""
+    run = fake_slurm / "run"
+    script = run / "launch" / "sbatch.sh"
+    _write_exe(fake_slurm / "fakebin" / "sbatch", f"#!/bin/sh\nprintf %s {shlex.quote(printed)}\n")
+    _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\ncase \"$*\" in *%o*) " +
+               (f"printf '41|/elsewhere/sbatch.sh\\n42|{script}\\n' ;; " if listed else ";; ") +
+               "*) printf '42|RUNNING|None\\n' ;; esac\n")
+    backend = slurm.Slurm()
+    (batch,) = backend.batches([backend.plan(load([], run), JobSpec(run, "train"))], None)
+    write(batch)
+    (sub,) = backend.submit(batch)
+    assert sub.ids == ids and sub.record()["job_ids"] == ids
+    (info,) = backend.states([sub.ref])
+    assert info.state is (JobState.RUNNING if ids else JobState.UNKNOWN)
+    if not ids:
+        assert "without saying its id" in info.reason and sub.log_path is None
+        (result,) = backend.wait([sub])
+        assert result.state is JobState.UNKNOWN and "squeue --me" in (result.error or "")
+
+
 def test_slurm_conf_that_is_no_file_fails_preflight_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nope.conf"))
     with pytest.raises(PreflightError, match="SLURM_CONF=.*nope.conf is not a file"):
@@ -508,15 +555,30 @@ def test_states_are_slurms_own_names(raw: str, state: str) -> None:
     assert JobState.from_slurm(raw).value == state
 
 
+class _Clock:
+    """``time.time`` and ``time.sleep`` for the Slurm backend's wait loop: a sleep moves this clock on instead of
+    waiting, so the polls and their results are the same without their seconds."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.mark.parametrize("state", ["PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "TIMEOUT",
                                    "CANCELLED", "FAILED", "COMPLETED"])
-@pytest.mark.slow  # each waits out the backend's first poll (2 s)
-def test_every_documented_final_state_ends_the_wait(fake_slurm: Path, state: str) -> None:
+def test_every_documented_final_state_ends_the_wait(fake_slurm: Path, state: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     _write_exe(fake_slurm / "fakebin" / "squeue", f"#!/bin/sh\nprintf '42|{state}|None\\n'\n")
     backend = slurm.Slurm()
     (batch,) = backend.batches([backend.plan(load([], fake_slurm / "run"), JobSpec(fake_slurm / "run", "train"))],
                                None)
     (sub,) = backend.submit(batch)
+    monkeypatch.setattr(slurm, "time", _Clock())  # the first poll comes 2 s after the submit: on this clock
     (result,) = backend.wait([sub], max_poll_s=0.1)
     assert result.state is (JobState.FAILED if state == "COMPLETED" else JobState(state))  # no result.json
 
@@ -552,10 +614,11 @@ def test_recorded_job_name_is_the_one_sbatch_was_given(fake_slurm: Path, overrid
     assert [s.record()["job_name"] for s in subs] == [name, name]
 
 
-def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> None:
+def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plans = sweep_plans(fake_slurm, 3)
     backend, (batch,) = sweep_batches(plans, fake_slurm / "sweep")
     subs = backend.submit(batch)
+    monkeypatch.setattr(slurm, "time", _Clock())  # Slurm is first asked 2 s after the submit: on this clock
     for p in plans:
         write_run_id(p.job, "this-launch")  # as the driver does before it submits
     result = plans[0].job.job_dir / "result.json"
@@ -569,14 +632,14 @@ def test_wait_reads_result_json_once_slurm_says_completed(fake_slurm: Path) -> N
     os.utime(stale, (time.time() + 120, time.time() + 120))
     _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_2|COMPLETED|None\\n'\n")
     (not_this,) = backend.wait([subs[2]])
-    assert not_this.state is JobState.FAILED and "no result.json" in (not_this.error or "")
+    assert not_this.state is JobState.FAILED and "result.json is an earlier launch's" in (not_this.error or "")
     _write_exe(fake_slurm / "fakebin" / "squeue", "#!/bin/sh\nprintf '42_1|FAILED|None\\n'\n")
     (failed,) = backend.wait([subs[1]])
     assert failed.state is JobState.FAILED and "42_1" in failed.error and "42_1_0_log.out" in failed.error
 
 
 def test_an_empty_argument_stays_an_argument() -> None:
-    assert slurm._sh("") == "''" and slurm._sh(slurm._JOB_DIR) == '"$AUTOMODEL_JOB_DIR"'
+    assert slurm_plan._sh("") == "''" and slurm_plan._sh(slurm_plan._JOB_DIR) == '"$AUTOMODEL_JOB_DIR"'
 
 
 
@@ -591,6 +654,8 @@ def test_automodels_token_keys_stay_references_and_a_literal_token_is_refused(mo
 
 def test_automodels_chdir_and_cli_keys(tmp_path: Path) -> None:
     assert "cd /lustre/work  # slurm.chdir" in script(["++slurm.chdir=/lustre/work"])
+    # a home dir is the job user's on the nodes, never this machine's (a quoted ~ would stay a ~ for cd)
+    assert 'cd "$HOME"/work  # slurm.chdir' in script(['++slurm.chdir="~/work"'])
     with pytest.warns(UserWarning, match="slurm.job_dir is set by AutoModel's own CLI"):
         script([f"++slurm.job_dir={tmp_path}"])
 
@@ -599,8 +664,8 @@ def test_automodels_chdir_and_cli_keys(tmp_path: Path) -> None:
 def test_automodels_nemo_mount_forms_mount_its_source_and_this_project(form: str, tmp_path: Path) -> None:
     text = script(["slurm.container_image=nvcr.io/nvidia/nemo:dev", f"slurm.nemo_mount={form.format(src=tmp_path)}"])
     mounts = next(a for a in text.split() if a.startswith("--container-mounts="))
-    assert f"{tmp_path}:/opt/Automodel" in mounts and f"/src/automodel-hydra:{slurm.PROJECT_MOUNT}" in mounts
-    assert f"export PYTHONPATH={slurm.PROJECT_MOUNT}:/opt/Automodel" in text
+    assert f"{tmp_path}:/opt/Automodel" in mounts and f"/src/automodel-hydra:{slurm_plan.PROJECT_MOUNT}" in mounts
+    assert f"export PYTHONPATH={slurm_plan.PROJECT_MOUNT}:/opt/Automodel" in text
     missing = load(["slurm.container_image=img", f"slurm.nemo_mount='{tmp_path}/nope:/opt/Automodel'"])
     with pytest.raises(ConfigError, match="slurm.nemo_mount.source"):
         slurm.Slurm().preflight([missing])

@@ -6,14 +6,14 @@ The outputs below were printed by Slurm 22.05.8 (the project's test cluster) for
 
 from __future__ import annotations
 
-import json
 import re
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
 
-from automodel_hydra.backends.slurm_states import expand_array_id, lookup, parse_sacct, query
+from automodel_hydra.backends.slurm_states import NotAnswered, expand_array_id, lookup, parse_sacct, query, runner
+from automodel_hydra.backends.slurm_transport import HERE
 from automodel_hydra.states import JobState, StateInfo
 
 # sacct -X --parsable2 --noheader -o JobID,State,Reason -j 12 (array 0-19%2, 1.5 s after submission + 8 s later)
@@ -39,21 +39,20 @@ ACCOUNTING_OFF = "sacct: error: Slurm accounting storage is disabled\n"
 
 
 class FakeTools:
-    """``sacct``/``squeue`` on PATH that print set outputs and log their argv."""
+    """``sacct``/``squeue`` on PATH that print set outputs and log their argv (shell scripts: a fast test starts
+    no Python interpreter, tests/tiers.py)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.log = root / "calls.jsonl"
+        self.log = root / "calls.log"  # a call's words end with \037 each, a call with \036
         (root / "bin").mkdir()
         for tool in ("sacct", "squeue"):
             exe = root / "bin" / tool
+            at = shlex.quote(str(root))
             exe.write_text(
-                f"#!{sys.executable}\nimport json, sys, pathlib\n"
-                f"root = pathlib.Path({str(root)!r})\n"
-                f"with open(root / 'calls.jsonl', 'a') as f: f.write(json.dumps([{tool!r}, *sys.argv[1:]]) + '\\n')\n"
-                f"sys.stdout.write((root / '{tool}.out').read_text())\n"
-                f"sys.stderr.write((root / '{tool}.err').read_text())\n"
-                f"sys.exit(int((root / '{tool}.rc').read_text()))\n"
+                f"#!/bin/sh\n{{ for word in {tool} \"$@\"; do printf '%s\\037' \"$word\"; done; printf '\\036'; }} "
+                f">> {at}/calls.log\n"
+                f"cat {at}/{tool}.out; cat {at}/{tool}.err >&2; exit \"$(cat {at}/{tool}.rc)\"\n"
             )
             exe.chmod(0o755)
             self.set(tool, "")
@@ -64,7 +63,8 @@ class FakeTools:
         (self.root / f"{tool}.rc").write_text(str(rc))
 
     def calls(self) -> list[list[str]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+        text = self.log.read_text() if self.log.exists() else ""
+        return [call.split("\037")[:-1] for call in text.split("\036")[:-1]]
 
 
 @pytest.fixture
@@ -186,3 +186,27 @@ def test_a_bad_id_is_refused_before_any_command(tools: FakeTools, bad: str) -> N
 
 def test_no_ids_no_calls(tools: FakeTools) -> None:
     assert query([]) == {} and tools.calls() == []
+
+
+# ----------------------------------------------------------------------------------------------- could not ask
+NO_CONF = "squeue: fatal: Could not establish a configuration source\n"
+
+
+def test_a_strict_query_tells_could_not_ask_from_knows_nothing(tools: FakeTools, monkeypatch) -> None:
+    strict = runner(HERE, strict=True)
+    tools.set("sacct", "", rc=1, err=NO_CONF.replace("squeue", "sacct"))
+    tools.set("squeue", "", rc=1, err=NO_CONF)
+    with pytest.raises(NotAnswered, match=r"^sacct on this machine exited 1: .*; squeue on this machine exited 1"):
+        query(["5"], run=strict)
+    assert query(["5"]) == {"5": StateInfo(JobState.UNKNOWN)}  # (not strict: the launcher's wait, as before)
+    tools.set("squeue", "", rc=1, err="slurm_load_jobs error: Invalid job id specified\n")  # asked: knows nothing
+    tools.set("sacct", "", rc=1, err=ACCOUNTING_OFF)
+    assert query(["5"], run=strict) == {"5": StateInfo(JobState.UNKNOWN)}
+    tools.set("sacct", "5|COMPLETED|None\n")  # accounting answers, the controller does not: sacct's word
+    tools.set("squeue", "", rc=1, err=NO_CONF)
+    assert query(["5"], run=strict) == {"5": StateInfo(JobState.COMPLETED)}
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    calls = len(tools.calls())
+    with pytest.raises(NotAnswered, match="^SLURM_CONF=/nonexistent/slurm.conf is not a file"):
+        query(["5"], run=strict)
+    assert len(tools.calls()) == calls, "the tools, which would retry a missing slurm.conf for 60 s, are not run"

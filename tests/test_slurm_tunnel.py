@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import helpers
-from tests.helpers import ROOT, git
+from tests.helpers import ROOT, free_port, git
 
 pytestmark = [pytest.mark.slurm]
 
@@ -92,10 +93,17 @@ def test_an_unusable_login_node_is_one_line_within_seconds(sshd, tmp_path: Path,
     assert not (tmp_path / "run" / "launch" / "submission.json").exists()
 
 
-def free_port() -> int:
-    from tests.ssh_server import free_port as port
-
-    return port()
+def test_a_request_no_node_can_hold_is_refused_with_the_login_nodes_answer(slurm_cluster, sshd, tmp_path: Path) -> None:
+    """The launching shell has no Slurm client: the partitions compared are the ones the login node's sinfo
+    describes, in the one preflight command, and nothing is copied or submitted."""
+    repo, remote = user_repo(tmp_path), tmp_path / "remote"
+    proc = launch(repo, local_env(tmp_path), *sshd.overrides(remote), "slurm.ntasks_per_node=8",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    slurm_cluster.cancel_left(re.findall(r"submitted slurm job (\d+)", proc.stdout))  # (what would wait for ever)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("error: slurm.ntasks_per_node=8 asks 8 CPUs per node; partition "
+                                                    "debug's nodes have at most 2 (CPUTot)")
+    assert not remote.exists(), "nothing was copied or submitted"
 
 
 # ----------------------------------------------------------------------------------------------- the cluster
@@ -187,6 +195,7 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
 
 APP = '''
 import os
+import re
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

@@ -9,7 +9,9 @@ import pytest
 
 from automodel_hydra import config
 from automodel_hydra.backends import slurm
-from automodel_hydra.backends.slurm_tunnel import Endpoint, Probe, login_error, remote_path
+from automodel_hydra.backends.slurm_plan import PROJECT_MOUNT
+from automodel_hydra.backends.slurm_transport import Probe
+from automodel_hydra.backends.slurm_tunnel import Endpoint, login_error, remote_path
 from automodel_hydra.plan import JobSpec
 from automodel_hydra.schema import ConfigError
 from automodel_hydra.snapshot import Source
@@ -58,7 +60,8 @@ def test_the_script_names_the_login_nodes_paths_and_python() -> None:
     assert f"{node}/launch/code/src" in text and str(CWD) + "/outputs" not in text.replace("AUTOMODEL_CODE_ROOT", "")
     assert f"cd {node}/launch/code/src  # slurm.tunnel" in text
     assert "/opt/venv/bin/python -u -m automodel_hydra.worker" in text
-    assert plan.request.remote is not None and plan.request.remote.endpoint.destination == "me@login.example.org"
+    assert plan.request.cluster.endpoint is not None
+    assert plan.request.cluster.endpoint.destination == "me@login.example.org"
     assert plan.job.job_dir == job.job_dir, "the local run dir keeps the records"
     assert not slurm.Slurm().ranks_see_local_files(cfg)
 
@@ -80,3 +83,102 @@ def test_without_a_snapshot_the_ranks_use_the_clusters_install() -> None:
 def test_a_failed_login_names_which(stderr: str, field: str, words: str) -> None:
     line = login_error(Endpoint("h", "me", None, "/k"), stderr, 255)
     assert line.startswith(field) and words in line and "\n" not in line
+
+
+def _plan(*overrides: str, home: str | None = "/home/me", job: JobSpec | None = None) -> slurm.Plan[slurm.Request]:
+    cfg = load(*overrides)
+    endpoint = Endpoint.of(cfg.slurm.tunnel)
+    facts = slurm.Facts(cwd=CWD, remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", home)})
+    return slurm.Slurm().plan(cfg, job or JobSpec(CWD / "outputs" / "run", "train"), facts)
+
+
+def test_the_ranks_spec_is_planned_with_the_login_nodes_paths() -> None:
+    """What a dry run writes is what the ranks read there: ``launch/job.tunnel.yaml``, named by the worker command,
+    with the run dir's paths turned into the login node's; the local ``launch/job.yaml`` keeps this machine's."""
+    import yaml
+
+    plan = _plan("slurm.snapshot=none", f"checkpoint.dir={CWD}/outputs/run/ckpt")
+    node = "/scratch/me/jobs/outputs/run"
+    spec = yaml.safe_load(plan.files["job.tunnel.yaml"])
+    assert spec["output_dir"] == node and spec["checkpoint"]["dir"] == f"{node}/ckpt"
+    assert str(CWD / "outputs") not in plan.files["job.tunnel.yaml"].split("\n", 1)[1]
+    assert '-m automodel_hydra.worker "$AUTOMODEL_JOB_DIR"/launch/job.tunnel.yaml' in plan.files["sbatch.sh"]
+    local = slurm.Slurm().plan(config.load(compose_cfg(["launcher=slurm", "slurm.snapshot=none"], CWD / "o")),
+                               JobSpec(CWD / "o", "train"))
+    assert list(local.files) == ["sbatch.sh"] and "launch/job.yaml" in local.files["sbatch.sh"]
+
+
+def test_a_tilde_in_job_dir_and_python_is_the_login_nodes_home() -> None:
+    plan = _plan("slurm.tunnel.job_dir='~/jobs'", "slurm.tunnel.python='~/venv/bin/python'", "slurm.snapshot=none")
+    text = plan.files["sbatch.sh"]
+    assert "export AUTOMODEL_JOB_DIR=/home/me/jobs/outputs/run\n" in text
+    assert "/home/me/venv/bin/python -u -m automodel_hydra.worker" in text and "~" not in text
+    with pytest.raises(ConfigError, match=r"^slurm.tunnel.job_dir='~/jobs' is invalid: .*login node's home"):
+        _plan("slurm.tunnel.job_dir='~/jobs'", home=None)
+
+
+@pytest.mark.parametrize(("override", "key"), [("slurm.tunnel.job_dir='~bob/jobs'", "slurm.tunnel.job_dir"),
+                                               ("slurm.tunnel.python='~bob/python'", "slurm.tunnel.python"),
+                                               ("slurm.tunnel.reconnect_timeout_s=-1",
+                                                "slurm.tunnel.reconnect_timeout_s")])
+def test_another_users_home_or_a_negative_wait_is_one_line_without_a_local_path(override: str, key: str) -> None:
+    import os
+
+    with pytest.raises(ConfigError) as e:
+        load(override)
+    assert str(e.value).startswith(f"{key}=") and "\n" not in str(e.value)
+    assert os.path.expanduser("~") not in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["+slurm.tunnel.job_dir", "slurm.tunnel.python", "slurm.hf_home"])
+def test_an_unquoted_tilde_of_another_machine_is_never_written_out_as_this_ones(key: str) -> None:
+    """Hydra's grammar refuses an unquoted ``~`` in a value; for a field whose ``~`` is the login node's (or the
+    nodes') home, the line says to quote it and never suggests this machine's home."""
+    import os
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from automodel_hydra import errors
+
+    with pytest.raises(OverrideParseException) as e:
+        OverridesParser.create().parse_overrides([f"{key}=~/x"])
+    line = errors.describe(e.value)
+    assert line is not None and f"""'{key}="~/x"'""" in line and os.path.expanduser("~") not in line
+    assert "home" in line
+
+
+def test_a_container_through_the_tunnel_never_mounts_this_machines_checkout() -> None:
+    """Without a snapshot the image must have the project (this machine's checkout is not on the cluster);
+    ``nemo_mount`` as a container path, which mounts that checkout, is refused in one line."""
+    plan = _plan("slurm.container_image=nvcr.io/nvidia/nemo:25.02", "slurm.snapshot=none")
+    text = plan.files["sbatch.sh"]
+    assert str(JobSpec.project_root) not in text and PROJECT_MOUNT not in text
+    assert "expected to be installed in the image" in text and "export PYTHONPATH=''" not in text
+    with pytest.raises(ConfigError, match=r"^slurm.nemo_mount='/opt/x' is invalid: .*slurm.tunnel"):
+        _plan("slurm.container_image=nvcr.io/nvidia/nemo:25.02", "slurm.nemo_mount=/opt/x")
+
+
+def test_a_marked_command_is_read_between_its_markers_whatever_the_shell_printed() -> None:
+    """The SSH transport's protocol: a login shell's greeting before, ssh's or a logout script's words after, and
+    output without a final newline or with bytes that look like lines are all read back as the command wrote
+    them."""
+    from automodel_hydra.backends.slurm_tunnel import _between
+
+    token = "amh-0123456789abcdef"
+    body = b"line\x00\xff\nno newline at the end"
+    data = b"Welcome to login1\n" + token.encode() + b"\n" + body + b"\n" + token.encode() + b".end 3\nlogout\n"
+    assert _between(data, token, with_status=True) == (body, 3)
+    assert _between(b"Welcome\n" + token.encode() + b"\npartial", token, with_status=True) == (None, None)
+
+
+@pytest.mark.slow  # real ssh processes, against a port nothing listens on
+def test_reconnecting_backs_off_and_gives_up_within_its_budget() -> None:
+    from automodel_hydra.backends.slurm_tunnel import TunnelError, reconnect, said
+    from tests.helpers import free_port
+
+    slept: list[float] = []
+    endpoint = Endpoint("127.0.0.1", None, free_port(), None, (("StrictHostKeyChecking", "no"),))
+    lost = reconnect([endpoint], 10.0, sleep=slept.append, clock=lambda: sum(slept))
+    assert isinstance(lost, TunnelError) and "Connection refused" in said(lost)
+    assert slept == [1.0, 2.0, 4.0]  # the next wait (8 s) would pass the 10 s budget: it gives up instead

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,67 @@ def test_a_call_job_unpickles_against_the_snapshot(tmp_path: Path) -> None:
     assert call._snapshot_paths(paths, env) == [str(src / "app"), *paths[1:]]
     assert call._snapshot_paths(paths, {}) == paths
     assert os.path.isdir(src / "app")
+
+
+def with_submodule(repo: Path, tmp_path: Path) -> Path:
+    """``repo`` with ``third_party/mylib`` as a git submodule (a second repo holding ``mylib/__init__.py``) and an
+    untracked file in the submodule; returns the submodule's dir."""
+    lib = tmp_path / "mylib-origin"
+    (lib / "mylib").mkdir(parents=True)
+    (lib / "mylib" / "__init__.py").write_text("NAME = 'mylib'\n")
+    git(lib, "init", "-q")
+    git(lib, "add", ".")
+    git(lib, "commit", "-q", "-m", "lib")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "third_party/mylib")
+    git(repo, "commit", "-q", "-m", "submodule")
+    sub = repo / "third_party" / "mylib"
+    (sub / "mylib" / "new.py").write_text("X = 1\n")  # untracked, not ignored: as the work tree's own new files
+    return sub
+
+
+def test_a_git_snapshot_holds_the_submodules_files(repo: Path, tmp_path: Path) -> None:
+    sub = with_submodule(repo, tmp_path)
+    source = snapshot.find("git", repo, repo, 10)
+    assert source is not None
+    assert {"third_party/mylib/mylib/__init__.py", "third_party/mylib/mylib/new.py"} <= set(source.files)
+    assert dict(source.submodules) == {"third_party/mylib": git(sub, "rev-parse", "HEAD")}
+    assert source.record(tmp_path / "code")["submodules"] == dict(source.submodules)
+    snapshot.write(source, tmp_path / "code")
+    assert (tmp_path / "code" / "src" / "third_party" / "mylib" / "mylib" / "__init__.py").is_file()
+
+
+def test_a_module_imported_here_that_the_snapshot_lacks_is_one_line(repo: Path, monkeypatch) -> None:
+    """The recipe was imported at plan time; a module it imported from the repo that git ignores would be missing
+    on the ranks, which import the copy: refused before anything is submitted, naming the file and the way out."""
+    import types
+
+    (repo / "my_pkg" / "_version.bin").write_text("")  # (*.bin is ignored by the fixture's .gitignore)
+    generated = types.ModuleType("my_pkg._version")
+    generated.__file__ = str(repo / "my_pkg" / "_version.bin")
+    monkeypatch.setitem(sys.modules, "my_pkg._version", generated)
+    tracked = types.ModuleType("my_pkg.train")
+    tracked.__file__ = str(repo / "my_pkg" / "train.py")
+    monkeypatch.setitem(sys.modules, "my_pkg.train", tracked)
+    with pytest.raises(SnapshotError) as e:
+        snapshot.find("auto", repo, repo, 10)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("slurm.snapshot='git' is invalid")
+    assert "lacks my_pkg/_version.bin (module my_pkg._version, imported here)" in text
+    assert "git add it" in text and "copy" in text and "none" in text
+    source = snapshot.find("copy", repo, repo, 10)  # the way out the line names: copy takes ignored files too
+    assert source is not None and "my_pkg/_version.bin" in source.files
+
+
+def test_the_environment_inside_a_repo_is_not_the_snapshots_code(tmp_path: Path) -> None:
+    """A virtualenv inside the repo (``repo/.venv``) holds installed packages, not the repo's code: they are
+    imported where they are on the ranks, so the snapshot need not hold them."""
+    import types
+
+    root = tmp_path / "r"
+    root.mkdir()
+    source = snapshot.Source("copy", root, root, root, files=("a.py",))
+    env = types.ModuleType("torch")
+    env.__file__ = os.path.join(sys.prefix, "lib", "torch", "__init__.py")
+    code = types.ModuleType("b")
+    code.__file__ = str(root / "b.py")
+    assert snapshot.missing_modules(source, {"torch": env, "b": code, "__main__": code}) == [("b", "b.py")]

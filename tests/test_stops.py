@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra.stops import alive, tree
-from tests.helpers import ROOT, worker_pids
+from tests.helpers import ROOT, wait_for, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -51,17 +51,10 @@ class Cmd:
         self.seen |= set(tree(self.proc.pid))
         return self.seen
 
-    def wait_for(self, cond: tp.Callable[[], tp.Any], timeout: float, what: str) -> tp.Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.watch()
-            value = cond()
-            if value:
-                return value
-            if self.proc.poll() is not None:
-                raise AssertionError(f"train.py ended ({self.proc.returncode}) before {what}:\n{self.output[-4000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"no {what} within {timeout}s:\n{self.output[-4000:]}")
+    def until(self, cond: tp.Callable[[], tp.Any], timeout: float, what: str) -> tp.Any:
+        """``cond``'s first true value while the command runs (:func:`tests.helpers.wait_for`), watching the
+        processes below it meanwhile."""
+        return wait_for(lambda: (self.watch(), cond())[1], timeout, what, proc=self.proc, output=lambda: self.output)
 
     def ended_within(self, timeout: float) -> tuple[int, float]:
         """The command's exit status and how long it took to end (s); fails after ``timeout``."""
@@ -110,9 +103,9 @@ def test_sigint_to_a_sweep_by_pid_ends_every_process_and_the_line_says_how(start
     sweep = tmp_path / "S"
     cmd = start("-m", f"hydra.sweep.dir={sweep}", "interactive.nproc_per_node=2", "interactive.max_parallel=1",
                 "step_scheduler.max_steps=5000", "step_scheduler.checkpoint_interval=1000", "optim.lr=1e-3,2e-3")
-    head = cmd.wait_for(lambda: pid_of(sweep / "0"), 120, "job 0's torchrun")
-    cmd.wait_for(lambda: (sweep / "0" / "metrics.jsonl").exists(), 180, "job 0's first steps")
-    ranks = cmd.wait_for(lambda: worker_pids(head) if len(worker_pids(head)) == 2 else None, 60, "job 0's ranks")
+    head = cmd.until(lambda: pid_of(sweep / "0"), 120, "job 0's torchrun")
+    cmd.until(lambda: (sweep / "0" / "metrics.jsonl").exists(), 180, "job 0's first steps")
+    ranks = cmd.until(lambda: worker_pids(head) if len(worker_pids(head)) == 2 else None, 60, "job 0's ranks")
     job = cmd.watch() | {head, *ranks}
     cmd.proc.send_signal(signal.SIGINT)  # to the pid alone, not to a terminal's process group
     rc, took = cmd.ended_within(60)
@@ -137,15 +130,15 @@ def test_a_hung_rank_is_killed_after_the_grace_time_on_sigterm_and_on_cancel(sta
         for mark in run.glob("hung.rank*"):
             mark.unlink()
         cmd = start(*args)
-        head = cmd.wait_for(lambda c=cmd: pid_of(run) if pid_of(run) in tree(c.proc.pid) else None, 120, "torchrun")
-        cmd.wait_for(lambda: len(list(run.glob("hung.rank*"))) == 2, 180, "the hang at step 3")
+        head = cmd.until(lambda c=cmd: pid_of(run) if pid_of(run) in tree(c.proc.pid) else None, 120, "torchrun")
+        cmd.until(lambda: len(list(run.glob("hung.rank*"))) == 2, 180, "the hang at step 3")
         time.sleep(1)  # rank 0 is in all_reduce, rank 1 in its sleep
         job = cmd.watch() | {head}
         assert len(worker_pids(head)) == 2
         if how == "cancel":
             cancel = subprocess.Popen([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            cmd.wait_for(lambda: (run / "launch" / "cancelled").exists(), 60, "the cancel's mark")
+            cmd.until(lambda: (run / "launch" / "cancelled").exists(), 60, "the cancel's mark")
         else:
             cmd.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()  # the stop signal is on its way: the ranks get it next

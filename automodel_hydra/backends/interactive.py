@@ -38,8 +38,9 @@ import typing as tp
 from concurrent.futures import Future
 from pathlib import Path
 
-from automodel_hydra import fault_tolerance, prestart, stops
+from automodel_hydra import agent, fault_tolerance, outcome, stops, sweep_policy
 from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
+from automodel_hydra.bootstrap import is_launcher_var
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
     CANCELLED_MARK,
@@ -58,12 +59,12 @@ from automodel_hydra.plan import (
     call_argv,
     error_stamps,
     launch_dir,
-    rank_error,
     read_result,
+    tracker_env,
     worker_argv,
     written_by_this_launch,
 )
-from automodel_hydra.profile import nsys_check_lines, nsys_prefix
+from automodel_hydra.profile import missing_nsys_line, nsys_check_lines, nsys_prefix
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -85,12 +86,16 @@ def cuda_device_count() -> int:
 
 
 def find_ft_launcher() -> str | None:
-    """``ft_launcher`` beside this Python (the venv's console script, whether or not the venv is activated), else
-    on PATH; None when neither has one."""
-    beside = Path(sys.executable).parent / fault_tolerance.LAUNCHER
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(fault_tolerance.LAUNCHER)
+    """Where this Python finds ``ft_launcher``'s package (nvidia-resiliency-ext's ``fault_tolerance``, whose
+    launcher :mod:`automodel_hydra.agent` runs in this interpreter), or None when it cannot import it. Looked up
+    without importing it (that would import torch)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia_resiliency_ext.fault_tolerance")
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None else str(spec.origin or spec.name)
 
 
 def cpu_cores() -> list[int]:
@@ -112,6 +117,16 @@ def visible_gpus(count: int, environ: tp.Mapping[str, str] | None = None) -> lis
     if given is None:
         return [str(i) for i in range(count)]
     return [d.strip() for d in given.split(",") if d.strip()][:count]
+
+
+def tracker_lines(job: JobSpec) -> list[str]:
+    """The script's exports of the job's tracker run (:func:`automodel_hydra.plan.tracker_env`), before
+    ``hydra.job.env_set``'s, which win."""
+    env = tracker_env(job)
+    if not env:
+        return []
+    return ["# one W&B run per job for its whole life: launch/tracker_id (hydra.job.env_set wins)",
+            *(f"export {k}={shlex.quote(v)}" for k, v in env)]
 
 
 def pack_env(devices: tp.Sequence[tp.Any], uses_gpus: bool, nproc: int,
@@ -279,9 +294,9 @@ class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
     def __init__(self, plans: tp.Sequence[Plan[Request]], quiet: bool, locks: tp.Sequence[int],
-                 agent: prestart.Pending | None = None) -> None:
-        self.plans, self.quiet, self.locks = plans, quiet, locks
-        self.agent = agent  # torchrun's agent, started early, for the one job of a single run
+                 max_failures: int | None = None) -> None:
+        self.plans, self.quiet, self.locks, self.max_failures = plans, quiet, locks, max_failures
+        self.failures = 0  # members that ended failed (sweep_policy.is_failure), against max_failures
         self.stamps = [error_stamps(p.job) for p in plans]  # what an earlier launch left (rank_error)
         first = plans[0].request
         # what the environment already allows (CUDA_VISIBLE_DEVICES, the affinity mask) is what jobs share
@@ -305,7 +320,8 @@ class _Scheduler:
         seen = 0  # self.ended when the loop last looked at its running jobs
         while pending or running:
             with self.cond:
-                while pending and not self.cancelled:
+                stopped = self.max_failures is not None and self.failures >= self.max_failures and bool(pending)
+                while pending and not self.cancelled and not stopped:
                     i = pending[0]
                     need = min(self.plans[i].request.nproc, len(self.slots))
                     if len(running) >= self.max_parallel or (running and need > len(free)):
@@ -321,11 +337,15 @@ class _Scheduler:
                     if port is not None:
                         ports.add(port)
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
-                if self.cancelled:
+                if self.cancelled or stopped:
                     for i in pending:
                         self.plans[i].job.cancelled_mark.touch()  # status says so later
+                        os.close(self.locks[i])  # its dir is free: CANCELLED, not queued
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start",
                                                              stop="never started"))
+                    if stopped and not self.cancelled:
+                        sweep_policy.say(sweep_policy.stop_line(self.failures, tp.cast(int, self.max_failures), [
+                            self.plans[i].job.job_num for i in pending], self.plans[0].job.job_dir.parent))
                     pending = []
                 if self.ended == seen:
                     self.cond.wait(timeout=0.2)  # the timeout only bounds a missed wake-up
@@ -336,11 +356,16 @@ class _Scheduler:
                     free += devices
                     if port is not None:
                         ports.discard(port)
-                    self.futures[i].set_result(_result(self.plans[i], proc.returncode, self.stamps[i]))
+                    result = _result(self.plans[i], proc.returncode, self.stamps[i])
+                    self.failures += sweep_policy.is_failure(result.state)
+                    self.futures[i].set_result(result)
 
     def _start(self, i: int, devices: list[tp.Any], port: int | None, packed: bool) -> subprocess.Popen[bytes]:
         plan = self.plans[i]
-        env = {**os.environ, **dict(plan.request.env)}
+        # an agent's variables left in this shell (a notebook run under torchrun) are not the job's: its agent sets
+        # its own; the shell's Slurm allocation (salloc) is kept, and decides nothing for the ranks either
+        env = {**{k: v for k, v in os.environ.items() if not is_launcher_var(k, schedulers=False)},
+               **dict(plan.request.env)}
         env.pop("AUTOMODEL_RDZV_PORT", None)
         if port is not None:
             env["AUTOMODEL_RDZV_PORT"] = str(port)
@@ -357,15 +382,9 @@ class _Scheduler:
                      f", devices {devices}" if packed else "")
         script = _script(plan)
         out = open(plan.job.launch_dir / _out_name(plan), "ab") if self.quiet else None  # noqa: SIM115
-        agent, self.agent = self.agent, None
-        proc = agent.hand_over(plan.job.launch_dir / script, env, plan.request.workdir, (self.locks[i],)) if (
-            agent is not None and out is None and preexec is None) else None
-        if proc is None:
-            if agent is not None:
-                agent.kill()
-            proc = subprocess.Popen(["bash", str(plan.job.launch_dir / script)], env=env, stdout=out, stderr=out,
-                                    start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
-                                    cwd=plan.request.workdir)
+        proc = subprocess.Popen(["bash", str(plan.job.launch_dir / script)], env=env, stdout=out, stderr=out,
+                                start_new_session=True, preexec_fn=preexec, pass_fds=(self.locks[i],),
+                                cwd=plan.request.workdir)
         os.close(self.locks[i])  # the group holds the run lock now, for as long as any of its processes lives
         plan.job.pid_file.write_text(f"{proc.pid}\n")
         self.procs[i] = proc
@@ -414,35 +433,36 @@ def _out_name(plan: Plan[Request]) -> str:
 
 
 def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[int, int]]) -> JobResult:
-    """How a local job ended: COMPLETED when torchrun exited 0 and the result file carries this launch's id
-    (:func:`automodel_hydra.plan.written_by_this_launch`), else CANCELLED/FAILED with the rank's own error."""
-    value = read_result(plan.job)
+    """How a local job ended: what its ranks did (:func:`automodel_hydra.outcome.derive`), with the launcher's exit
+    status as the scheduler's word (0: COMPLETED, else FAILED; CANCELLED after a cancel or on SIGTERM); the line
+    names the rank that ended first and how, the launcher's exit status and its log (``launch/agent.<host>.log``)."""
     restarts = fault_tolerance.restart_summary(plan.job.launch_dir)  # "" without in-job restarts
-    if returncode == 0 and value is not None and written_by_this_launch(plan.job):
-        if restarts:
-            log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
-        return JobResult(JobState.COMPLETED, value)
-    tail = ""
-    out = plan.job.launch_dir / _out_name(plan)
-    if out.exists():
-        tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
     mark = plan.job.cancelled_mark
     cancelled = returncode in (-signal.SIGTERM, 143) or mark.exists()
-    state = JobState.CANCELLED if cancelled else JobState.FAILED
+    verdict = outcome.derive(plan.job, JobState.COMPLETED if returncode == 0 else JobState.FAILED, stamps)
+    if verdict.state is JobState.COMPLETED:
+        if restarts:
+            log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
+        return JobResult(JobState.COMPLETED, read_result(plan.job))
     if cancelled:
         with contextlib.suppress(OSError):
             how = mark.read_text().strip()  # what the stop did (stop_job), when it is over
             if how:
-                return JobResult(state, error=f"cancelled: {how}", stop=how)
-    if returncode == 0 and value is not None:
-        tail = f"\n{plan.job.result_file} is an earlier launch's (its run_id is not launch/run_id's){tail}"
-    # what ended it, quoted in the command's last line: a hung rank (fault tolerance), else the rank's exception
-    why = fault_tolerance.final_hang(plan.job.launch_dir) or rank_error(plan.job, stamps)
+                return JobResult(JobState.CANCELLED, error=f"cancelled: {how}", stop=how)
+        verdict = dataclasses.replace(verdict, state=JobState.CANCELLED)
+    tail = ""
+    out = plan.job.launch_dir / _out_name(plan)
+    if out.exists():  # a packed job's own output (the ranks' lines of a sweep job)
+        tail = "\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:])
+    why = verdict.why
     if restarts:
         why = f"{why + '; ' if why else ''}{restarts}"
-    what = "the call's process" if plan.job.call is not None else plan.request.launcher
-    return JobResult(state, error=f"{why + '; ' if why else ''}{what} exited with {returncode} "
-                                  f"(job dir {plan.job.job_dir}){tail}")
+    if plan.job.call is not None:
+        what = f"the call's process exited with {returncode} (job dir {plan.job.job_dir})"
+    else:
+        what = (f"{plan.request.launcher} exited with {returncode} (its log: {agent.log_file(plan.job.launch_dir)}; "
+                f"job dir {plan.job.job_dir})")
+    return JobResult(verdict.state, error=f"{why + '; ' if why else ''}{what}{tail}", traceback=verdict.traceback)
 
 
 def automodel_cuda_problem(cfg: TrainConfig) -> str | None:
@@ -465,6 +485,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
     """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
     name = "interactive"
+    stops_after_failures = True  # its queue starts no member once max_failures have failed
 
     def __init__(self) -> None:
         self._futures: dict[str, Future[JobResult]] = {}
@@ -493,11 +514,17 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             if line is not None and line not in warned:
                 warned.add(line)
                 log.warning("%s (dry run: planned anyway)", line)
+        if any(cfg.profile.nsys.enabled for cfg in cfgs) and shutil.which("nsys") is None:
+            # found here, before torchrun starts (the script checks again, for a run of it by hand)
+            line = missing_nsys_line("on this machine")
+            if not all(cfg.dry_run for cfg in cfgs):
+                raise PreflightError(line)
+            log.warning("%s (dry run: planned anyway)", line)
         ft_launcher = None
         if any(cfg.fault_tolerance.enabled for cfg in cfgs):
             ft_launcher = find_ft_launcher()
             if ft_launcher is None:
-                raise PreflightError(fault_tolerance.missing_launcher_line("beside this Python or on PATH"))
+                raise PreflightError(fault_tolerance.missing_launcher_line(f"in this Python ({sys.executable})"))
         return Devices.here(ft_launcher)
 
     def world_size(self, cfg: TrainConfig, facts: Devices | None = None) -> int:
@@ -516,12 +543,16 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         ic = cfg.interactive
         gpus, cpus = devices.gpus, devices.cpus
         nproc = resolve_nproc(ic.nproc_per_node, gpus, len(cpus))
-        worker = worker_argv(job, python=sys.executable)
-        prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK")
         ft = cfg.fault_tolerance
-        # ft_launcher takes torchrun's options (and the same rendezvous) plus its own, --max-restarts included
-        launcher = ([devices.ft_launcher or fault_tolerance.LAUNCHER, *fault_tolerance.ft_args(ft)] if ft.enabled else
-                    [sys.executable, "-m", "torch.distributed.run", f"--max_restarts={ic.max_restarts}"])
+        worker = worker_argv(job, python=sys.executable, started_by="ft_launcher" if ft.enabled else "torchrun",
+                             scheduler="local")
+        prefix = nsys_prefix(cfg.profile.nsys, cfg.output_dir, job.job_name, rank_var="RANK",
+                             attempt_vars=(("attempt", "TORCHELASTIC_RESTART_COUNT"),))
+        # the agent runs in automodel_hydra.agent, its own output in launch/agent.<host>.log; ft_launcher takes
+        # torchrun's options (and the same rendezvous) plus its own, --max-restarts included
+        launcher = ([*agent.argv(job.launch_dir, fault_tolerance.LAUNCHER, sys.executable),
+                     *fault_tolerance.ft_args(ft)] if ft.enabled else
+                    [*agent.argv(job.launch_dir, "torchrun", sys.executable), f"--max_restarts={ic.max_restarts}"])
         torchrun = [*launcher, "--nnodes=1", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
                     # each rank's error file (torch's `record`) lands here: torchrun's Root Cause and our last line
                     f"--log-dir={job.launch_dir / TORCHRUN_LOG_DIR}"]
@@ -540,6 +571,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
             "export PYTHONUNBUFFERED=1",
             f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, len(cpus) // nproc)}}}  # CPU threads per worker",
+            *tracker_lines(job),
             *(["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)] if job.env else []),
             *([f"cd {shlex.quote(str(job.workdir))}  # hydra.job.chdir"] if job.workdir else []),
             "exec " + shlex.join(torchrun) + ' --rdzv-endpoint="127.0.0.1:${AUTOMODEL_RDZV_PORT:-0}" '
@@ -565,6 +597,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             "set -euo pipefail",
             f"export PYTHONPATH={shlex.quote(str(job.project_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
             "export PYTHONUNBUFFERED=1",
+            *tracker_lines(job),
             "exec " + shlex.join(call_argv(job, python=sys.executable)),
             "",
         ]
@@ -591,9 +624,10 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             for fd in locks:
                 os.close(fd)
             raise
+        for p in plans:  # the dirs are ours: an earlier run's pid is not this one's (PENDING until it starts)
+            p.job.pid_file.unlink(missing_ok=True)
         started = time.time()
-        single = len(plans) == 1 and plans[0].job.call is None
-        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks, agent=prestart.take() if single else None)
+        sched = _Scheduler(plans, quiet=len(plans) > 1, locks=locks, max_failures=batch.max_failures)
         self._schedulers.append(sched)
         sched.start()
         subs = []
@@ -631,14 +665,21 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             raise stop from None
 
     def states(self, refs: tp.Sequence[LocalRef]) -> list[StateInfo]:
-        return [StateInfo(local_state(Path(r.job_dir))) for r in refs]
+        out = []
+        for r in refs:
+            state = local_state(Path(r.job_dir))
+            orphan = state is JobState.CANCELLED and not (launch_dir(r.job_dir) / CANCELLED_MARK).exists()
+            out.append(StateInfo(state, ORPHANED if orphan else ""))
+        return out
 
-    def cancel(self, refs: tp.Sequence[LocalRef]) -> None:
+    def cancel(self, refs: tp.Sequence[LocalRef], pending_only: bool = False) -> None:
         """Stop each job (:func:`stop_job`: its ranks checkpoint, and what is left after ``kill_wait_s`` is
         killed); returns when every job has ended. A queued job is marked and never starts."""
         threads = []
         for ref in refs:
             job_dir = Path(ref.job_dir)
+            if pending_only and _pid(job_dir) is not None:
+                continue
             (launch_dir(job_dir) / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
             if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
@@ -664,28 +705,46 @@ def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool =
     command's stop line repeats."""
     mark = launch_dir / CANCELLED_MARK
     mark.touch()
+    # a rank known to be hung (fault tolerance's watchdog recorded it) cannot checkpoint, and the ranks blocked in
+    # a collective waiting for it cannot either: no grace time, the job is ended at once
+    hung = fault_tolerance.final_hang(launch_dir)
+    if hung is not None:
+        grace_s = 0.0
+        log.warning("stopping at once, no grace time: %s (a hung rank cannot checkpoint)", hung)
+
     def record(what: stops.Ended) -> None:
-        mark.write_text(what.text() + "\n")
+        text = what.text()
+        if hung is not None and what.killed:
+            text = f"killed at once, {hung.split(' (')[0]} and could not checkpoint: {', '.join(what.killed)}"
+        mark.write_text(text + "\n")
 
     result = stops.stop_group(head, grace_s, head_is_rank=single_process, ended=ended, on_kill=record)
     record(result)
     return result
 
 
+#: The reason beside a queued member whose launching command ended before starting it (killed, ``kill -9``):
+#: CANCELLED, since nothing will start it.
+ORPHANED = "never started: the command that queued it ended first"
+
+
 def local_state(job_dir: Path) -> JobState:
     """State of a local job from what it left behind (there is no scheduler to ask): RUNNING while its processes
     hold the dir's run lock, COMPLETED when rank 0's ``result.json`` (a call's ``call_result.pkl``) carries the
     id of the job's launch (``launch/run_id``; never a comparison of clocks), else CANCELLED/FAILED; PENDING
-    while a sweep's queue holds it."""
+    while a sweep's queue holds it (the lock), CANCELLED once no queue does and it never started (no pid: the
+    command that queued it ended first, say by ``kill -9``; nothing will start it, so it is not pending)."""
     if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
     job = JobSpec(job_dir=job_dir, job_name="")
     for result in (job_dir / RESULT_FILE, launch_dir(job_dir) / CALL_RESULT_FILE):  # a recipe's, a call's
         if written_by_this_launch(job, result):
-            return JobState.COMPLETED
+            call = JobSpec(job_dir=job_dir, job_name="", call=b"") if result.suffix == ".pkl" else job
+            # what the ranks did: a result, and no rank of the last attempt ended otherwise than by returning
+            return outcome.derive(call, JobState.COMPLETED).state
     if (launch_dir(job_dir) / CANCELLED_MARK).exists():
         return JobState.CANCELLED
-    return JobState.FAILED if _pid(job_dir) is not None else JobState.PENDING
+    return JobState.FAILED if _pid(job_dir) is not None else JobState.CANCELLED
 
 
 def _pid(job_dir: Path) -> int | None:

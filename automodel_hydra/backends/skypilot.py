@@ -52,8 +52,8 @@ from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
 from automodel_hydra.envvars import expand, parse
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
-from automodel_hydra.paths import POINTER, local_reads, outermost
-from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch
+from automodel_hydra.paths import DEFAULT_CHECKPOINT_DIR, POINTER, local_reads, outermost
+from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch, tracker_env
 from automodel_hydra.profile import nsys_prefix
 from automodel_hydra.schema import ConfigError, require
 from automodel_hydra.states import JobState, StateInfo
@@ -224,8 +224,10 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     """Plan ``cfg``'s SkyPilot task: files ``sky_task.yaml`` and ``job.sky.yaml``, request :class:`Request`.
     Pure: reads only its arguments (``facts``: what preflight read on this machine), no ``import sky``.
 
-    The task's ``envs``: ``HF_HOME`` (``hf_home``), Hydra's ``hydra.job.env_set`` (every node, every rank), then
-    ``env_vars``; ``HF_TOKEN`` / ``WANDB_API_KEY`` and single-reference ``env_vars`` are secrets
+    The task's ``envs``: the job's tracker run (``WANDB_RUN_ID``, ``WANDB_RESUME``, ``WANDB_RUN_GROUP``:
+    :func:`automodel_hydra.plan.tracker_env`; a spot recovery runs the same task, so the same run), ``HF_HOME``
+    (``hf_home``), Hydra's ``hydra.job.env_set`` (every node, every rank), then ``env_vars`` (the later win);
+    ``HF_TOKEN`` / ``WANDB_API_KEY`` and single-reference ``env_vars`` are secrets
     (:mod:`automodel_hydra.backends.skypilot_env`). ``job.workdir`` (``hydra.job.chdir``) is a path on this machine
     and has no meaning on the nodes: the ranks start in the synced workdir.
 
@@ -259,12 +261,12 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     node.update(output_dir=_yaml_path(out))
     if cfg.bundled:  # the bundled recipe's own keys; another recipe's sections reach the nodes as written, its
         # relative written dirs (AutoModel's checkpoint.checkpoint_dir: checkpoints/) anchored under output_dir there
-        node["checkpoint"]["dir"] = _yaml_path(f"{out}/checkpoints")
+        node["checkpoint"]["dir"] = _yaml_path(f"{out}/{DEFAULT_CHECKPOINT_DIR}")
         if cfg.restore_from.path is not None and _is_mount_pointer(cfg.restore_from.path, sc):
-            node["restore_from"]["path"] = "latest"  # <mount>/latest: the job's own checkpoints in its bucket
+            node["restore_from"]["path"] = POINTER  # <mount>/latest: the job's own checkpoints in its bucket
     elif cfg.automodel and automodel_resume.is_mount_pointer(
             str((cfg.recipe_sections.get("restore_from") or {}).get("path")), sc.checkpoint_mount):
-        node["restore_from"] = {"path": "latest"}  # the same for an AutoModel recipe (its ranks: automodel_resume)
+        node["restore_from"] = {"path": POINTER}  # the same for an AutoModel recipe (its ranks: automodel_resume)
     if cfg.data.source != "pydoc" and cfg.data.path:  # the local text or jsonl file travels with the job
         file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
         node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
@@ -289,9 +291,12 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
         file_mounts[PROJECT_MOUNT] = str(job.project_root)
         install = f"{PROJECT_INSTALL} {_sh(PROJECT_MOUNT + '/' + extra)}"
 
-    env = task_env(sc.env_vars, {f: getattr(sc, f) for f in SECRET_FIELDS}, sc.hf_home, job.env, facts.set_vars)
-    worker = ["-m", "automodel_hydra.worker", job_file, "--log-file", f"{out}/{job.job_name}.log"]
-    prefix = nsys_prefix(cfg.profile.nsys, out, job.job_name, rank_var="RANK")
+    env = task_env(sc.env_vars, {f: getattr(sc, f) for f in SECRET_FIELDS}, sc.hf_home, job.env, facts.set_vars,
+                   defaults=tracker_env(job))
+    worker = ["-m", "automodel_hydra.worker", job_file, "--log-file", f"{out}/{job.job_name}.log", "--started-by",
+              "ft_launcher" if ft is not None else "torchrun", "--scheduler", "skypilot"]
+    prefix = nsys_prefix(cfg.profile.nsys, out, job.job_name, rank_var="RANK",
+                         attempt_vars=(("attempt", "TORCHELASTIC_RESTART_COUNT"),))
     infra = "/".join([sc.cloud or "*", sc.region or "*", sc.zone or "*"]).rstrip("/*")
     # job_recovery (managed jobs): preemptions are always recovered, user-code failures max_restarts_on_errors times
     resources = {"infra": infra or None, "accelerators": sc.accelerators, "instance_type": sc.instance_type,
@@ -387,15 +392,15 @@ def _check(cfg: TrainConfig) -> None:
         return
     path = cfg.restore_from.path
     if path is not None and _is_mount_pointer(path, sc):
-        path = "latest"
+        path = POINTER
     mine = f"'latest' or '{sc.checkpoint_mount.rstrip('/')}/{POINTER}' (both: this job's newest checkpoint"
-    if path not in (None, "latest"):
+    if path not in (None, POINTER):
         raise ConfigError("restore_from.path", path, f"{mine}), or null on SkyPilot (a local checkpoint path does "
                           "not exist on the nodes; put it in the bucket and use skypilot.run_name to resume from it)")
     if sc.use_spot and not cfg.checkpoint.enabled:
         raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job resumes "
                           "from its newest checkpoint")
-    if sc.use_spot and path != "latest":
+    if sc.use_spot and path != POINTER:
         raise ConfigError("restore_from.path", path, f"{mine}) with skypilot.use_spot=true: a recovered job "
                           "resumes")
 
@@ -430,6 +435,7 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
 
     name = "skypilot"
     wait_setting = ("skypilot.wait", True)
+    ranks_write_job_dir = False  # on the nodes (their disks or the bucket): the result is read back from the log
 
     def __init__(self) -> None:
         self._access: dict[str | None, str | None] = {}  # cloud -> its credential problem, asked once
@@ -536,11 +542,12 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
         names = skypilot_bridge.call("states_here", list(refs))
         if names is None:
             why = "SkyPilot's API server is not running here; start it with `sky api start` and ask again"
-            return [StateInfo(JobState.UNKNOWN, why) for _ in refs]
+            return [StateInfo(JobState.UNKNOWN, why, answered=False) for _ in refs]
         return [StateInfo(JobState(STATE.get(name, "UNKNOWN"))) for name in names]
 
-    def cancel(self, refs: tp.Sequence[SkyRef]) -> None:
-        """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster."""
+    def cancel(self, refs: tp.Sequence[SkyRef], pending_only: bool = False) -> None:
+        """``sky.jobs.cancel`` (managed) or ``sky.cancel`` on the job's cluster (``pending_only``: SkyPilot has no
+        such filter; the refs given are cancelled)."""
         from automodel_hydra.backends import skypilot_bridge
 
         skypilot_bridge.call("cancel", list(refs))

@@ -51,24 +51,29 @@ SECRET_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 
 
 def task_env(env_vars: tp.Mapping[str, str], secrets: tp.Mapping[str, str | None], hf_home: str | None,
-             hydra_env: tp.Sequence[tuple[str, str]], set_vars: tp.AbstractSet[str]) -> list[EnvEntry]:
-    """Every variable of the task, in order: ``HF_HOME`` (``skypilot.hf_home``), Hydra's ``env_set``,
-    ``skypilot.env_vars``, then the secrets ``HF_TOKEN`` / ``WANDB_API_KEY``.
+             hydra_env: tp.Sequence[tuple[str, str]], set_vars: tp.AbstractSet[str],
+             defaults: tp.Sequence[tuple[str, str]] = ()) -> list[EnvEntry]:
+    """Every variable of the task, in order: ``defaults`` (the launcher's own: the job's tracker run,
+    :func:`automodel_hydra.plan.tracker_env`), ``HF_HOME`` (``skypilot.hf_home``), Hydra's ``env_set``,
+    ``skypilot.env_vars``, then the secrets ``HF_TOKEN`` / ``WANDB_API_KEY``; each later source wins over
+    ``defaults``.
 
     ``secrets`` maps ``hf_token`` / ``wandb_key`` to its value: None = the submitting shell's variable of the same
     name when ``set_vars`` (read by preflight) holds it, as AutoModel's ``os.environ.get`` default; "" = none.
     Later sources win over ``hf_home``; ``env_vars`` and ``env_set`` naming the same variable, or ``env_vars`` and
     a secret field both set, is a ConfigError naming both. Also raises ConfigError for a bad name or reference."""
-    entries: dict[str, EnvEntry] = {}
+    entries: dict[str, EnvEntry] = {name: EnvEntry(name, "automodel-hydra", (text,)) for name, text in defaults}
     if hf_home:
         entries["HF_HOME"] = EnvEntry("HF_HOME", "skypilot.hf_home", parse(hf_home, "skypilot.hf_home"))
     for name, text in hydra_env:
+        entries.pop(name, None)
         entries[name] = EnvEntry(name, f"hydra.job.env_set.{name}", (text,) if text else ())
     for name, raw in env_vars.items():
         key = f"skypilot.env_vars.{name}"
         check_name(key, name, raw)
         if name in entries and entries[name].key.startswith("hydra."):
             raise ConfigError(key, raw, f"hydra.job.env_set.{name} sets it too: keep one of the two")
+        entries.pop(name, None)  # (a default gives way, and the variable is listed where its source is)
         text = "" if raw is None else str(raw)
         parts = parse(text, key)
         if all(isinstance(p, str) for p in parts):

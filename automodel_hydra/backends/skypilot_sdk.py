@@ -20,6 +20,7 @@ import re
 import time
 import typing as tp
 
+from automodel_hydra import outcome
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS
 from automodel_hydra.envvars import expand
 from automodel_hydra.plan import JobResult, PreflightError, Submission, SubmitError
@@ -308,8 +309,12 @@ def wait(subs: tp.Sequence[Submission[SkyRef]], poll_s: float, retries: int) -> 
             if last.get(i) != name:
                 log.info("SkyPilot job %s (%s): %s", s.ref.ids[0], s.plan.request.name, name)
                 last[i] = name
-            if state is JobState.COMPLETED:
-                results[i] = JobResult(state, fetch_result(s.ref) or {"sky_status": name})
+            if state is JobState.COMPLETED:  # no result printed by node 0: no COMPLETED (automodel_hydra.outcome)
+                value = fetch_result(s.ref)
+                verdict = outcome.derive(s.plan.job, state, result=value is not None)
+                results[i] = JobResult(verdict.state, value or {"sky_status": name},
+                                       None if verdict.state is JobState.COMPLETED else
+                                       f"SkyPilot {name}, and node 0 printed no result; logs: {s.log_path}")
             elif state.final:
                 results[i] = JobResult(state, {"sky_status": name}, f"SkyPilot {name}; logs: {s.log_path}")
         if len(results) < len(subs):

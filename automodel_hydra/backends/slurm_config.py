@@ -105,17 +105,30 @@ class VolumeMapping:
 _HOST = re.compile(r"[A-Za-z0-9_.:%\[\]-]+\Z")
 _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]*\Z")
 _OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
+#: Fields whose ``~`` is another machine's home, and whose: such a ``~`` is never this machine's (no local
+#: expansion, no local path suggested in an error). The tunnel's are expanded with the login node's ``$HOME``, read
+#: once at preflight; ``slurm.hf_home``'s is written as ``"$HOME"`` for the job's shell on the nodes.
+HOME_ELSEWHERE = {"slurm.tunnel.job_dir": "the login node's home", "slurm.tunnel.python": "the login node's home",
+                  "slurm.hf_home": "the job user's home on the nodes"}
+
+
+def home_path(value: str) -> bool:
+    """Whether ``value`` is ``~`` or under ``~/`` (a home path; ``~user/...`` is not one of ours)."""
+    return value == "~" or value.startswith("~/")
 
 
 @dataclass
 class TunnelConfig:
     """Submit through SSH to a Slurm login node (``slurm.tunnel``); NeMo-Run's ``SSHTunnel`` names.
 
-    ``job_dir`` is an absolute path on the remote host: each run's or sweep's dir there is ``job_dir`` plus its
-    local path (relative to the submitting dir when inside it). ``identity`` is a private key file here (``~``
-    allowed); ``options`` are extra ssh_config(5) options (``ProxyJump``, ``UserKnownHostsFile`` ...) given as
-    ``-o KEY=VALUE``; the user's own ``~/.ssh/config`` applies as well. ``python`` is the interpreter the ranks run
-    there (the one on the job's PATH after ``slurm.setup``, by default). docs/remote.md.
+    ``job_dir`` is an absolute path on the remote host, or one under ``~/`` (the login node's home): each run's or
+    sweep's dir there is ``job_dir`` plus its local path (relative to the submitting dir when inside it).
+    ``identity`` is a private key file here (``~`` allowed: this machine's home); ``options`` are extra
+    ssh_config(5) options (``ProxyJump``, ``UserKnownHostsFile`` ...) given as ``-o KEY=VALUE``; the user's own
+    ``~/.ssh/config`` applies as well. ``python`` is the interpreter the ranks run there (the one on the job's PATH
+    after ``slurm.setup``, by default; ``~/`` is the login node's home). ``reconnect_timeout_s``: how long a
+    launcher that follows a job (``slurm.wait``) tries to reach the login node again when the connection drops
+    before it gives up waiting (the job stays submitted). docs/remote.md.
     """
 
     host: tp.Optional[str] = None
@@ -125,6 +138,7 @@ class TunnelConfig:
     job_dir: str = ""
     python: str = "python"
     options: tp.Dict[str, str] = field(default_factory=dict)
+    reconnect_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.host is None:  # no tunnel: sbatch here
@@ -141,11 +155,17 @@ class TunnelConfig:
         if self.identity is not None:
             require(bool(self.identity) and "\n" not in self.identity, "slurm.tunnel.identity", self.identity,
                     "the path of a private key file on this machine, or null (ssh's agent and ~/.ssh/config)")
-        require(self.job_dir.startswith("/") and "\n" not in self.job_dir and "\0" not in self.job_dir,
-                "slurm.tunnel.job_dir", self.job_dir, "an absolute path on the login node, under which each run's "
-                "dir goes (NeMo-Run's SSHTunnel.job_dir)")
-        require(bool(self.python) and "\n" not in self.python, "slurm.tunnel.python", self.python,
-                "the ranks' python on the cluster: a command on the job's PATH, or an absolute path")
+        require((self.job_dir.startswith("/") or home_path(self.job_dir)) and "\n" not in self.job_dir
+                and "\0" not in self.job_dir, "slurm.tunnel.job_dir", self.job_dir, "an absolute path on the login "
+                "node, or one under ~/ (the login node's home), under which each run's dir goes (NeMo-Run's "
+                "SSHTunnel.job_dir)")
+        require(bool(self.python) and "\n" not in self.python and (home_path(self.python)
+                                                                   or not self.python.startswith("~")),
+                "slurm.tunnel.python", self.python, "the ranks' python on the cluster: a command on the job's PATH, "
+                "an absolute path, or one under ~/ (the login node's home)")
+        require(self.reconnect_timeout_s >= 0, "slurm.tunnel.reconnect_timeout_s", self.reconnect_timeout_s,
+                "seconds >= 0 that a launcher following a job tries to reach the login node again (0: it stops "
+                "waiting at once)")
         for key, value in self.options.items():
             require(_OPTION.match(str(key)) is not None and "\n" not in str(value), f"slurm.tunnel.options.{key}",
                     value, "an ssh_config(5) option name with a one-line value (e.g. ProxyJump: bastion)")
@@ -219,7 +239,8 @@ class SlurmConfig:
     sbatch_args: tp.Dict[str, tp.Any] = field(default_factory=dict)
     # more srun arguments, one list item per argument
     srun_args: tp.List[str] = field(default_factory=list)
-    # requeue the job this many times after a time-limit or preemption signal (0 = never)
+    # requeues of the job, of any cause: time limit, preemption, node failure, a failure with failure_budget
+    # left (0 = never)
     max_requeues: int = 3
     # seconds before the time limit at which USR2 asks every rank to checkpoint (sbatch --signal=USR2@N)
     signal_delay_s: int = 300
@@ -277,11 +298,14 @@ class SlurmConfig:
             option = key.rpartition(".")[2].replace("_", "-").lstrip("-")
             one_line(f"slurm.{key}", value, f"sbatch reads one option per line (#SBATCH --{option})")
         if self.hf_home is not None:
-            home = self.hf_home == "~" or self.hf_home.startswith("~/")
+            home = home_path(self.hf_home)
             require(home or self.hf_home.startswith("/"), "slurm.hf_home", self.hf_home,
                     "an absolute path, or one under ~/ (the job user's home on the nodes)")
             require("," not in self.hf_home and ":" not in self.hf_home, "slurm.hf_home", self.hf_home,
                     "a path without ',' or ':' (srun --container-mounts cannot express them)")
+        if self.chdir is not None and self.container_image is not None:
+            require(not self.chdir.startswith("~"), "slurm.chdir", self.chdir, "an absolute path in the container "
+                    "(srun --container-workdir expands no ~)")
         if self.nemo_mount is not None and self.nemo_volume is None:
             require(str(self.nemo_mount).startswith("/"), "slurm.nemo_mount", self.nemo_mount,
                     "an absolute path in the container, or AutoModel's '/src:/dst' or {source, dest}")

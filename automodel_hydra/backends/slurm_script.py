@@ -2,7 +2,8 @@
 
 * :func:`render_sbatch` writes the batch script: ``#SBATCH`` directives in the caller's order, setup lines, and
   one ``srun`` line.
-* :func:`parse_job_id` reads the job id that ``sbatch --parsable`` prints.
+* :func:`parse_job_id` reads the job id that ``sbatch --parsable`` prints; :func:`sbatch_hint` says what a refusal
+  means (no configuration, no controller, no GPUs).
 * :data:`SRUN_EXPORT_ARGS` and :func:`sbatch_export_args` keep a job working where the site exports nothing
   (``SBATCH_EXPORT=NONE``); see "Site export settings" in docs/slurm.md.
 * :func:`pattern_literal` writes a directory name into an sbatch filename pattern (``%`` -> ``%%``).
@@ -48,7 +49,7 @@ _JOB_ID = re.compile(r"(\d+)(?:;[^\s;]+)?\Z")
 
 
 def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequence[str],
-                  srun_args: tp.Sequence[str], command: str) -> str:
+                  srun_args: tp.Sequence[str], command: str, after: tp.Sequence[str] = ()) -> str:
     """The text of an sbatch batch script.
 
     Parameters
@@ -64,6 +65,8 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
         srun's own arguments, each quoted for bash (a :class:`ShellWord` is written as it is).
     command
         what every task runs: a bash command line, written as given (the caller quotes it).
+    after
+        bash lines run by the batch step after srun (``$?`` is srun's exit status on the first).
 
     Returns
     -------
@@ -91,7 +94,7 @@ def render_sbatch(*, directives: tp.Sequence[tuple[str, object]], setup: tp.Sequ
         lines.append(f"#SBATCH --{name}" if value is True else f"#SBATCH --{name}={directive_value(name, value)}")
     _check_srun_patterns(srun_args)
     srun = " ".join(["srun", *(a if isinstance(a, ShellWord) else shlex.quote(str(a)) for a in srun_args), command])
-    return "\n".join([*lines, "", "# setup", *setup, "", "# command", srun, ""])
+    return "\n".join([*lines, "", "# setup", *setup, "", "# command", srun, *after, ""])
 
 
 def directive_value(name: str, value: object) -> str:
@@ -137,6 +140,48 @@ def _check_srun_patterns(srun_args: tp.Sequence[str]) -> None:
                 raise UserValueError("srun " + _backslash_message(name, value))
 
 
+def task_ids(job_nums: tp.Sequence[int | None], max_array_size: int) -> list[int]:
+    """The array task ids of a sweep's jobs: their own job numbers when every one is below MaxArraySize (array
+    indices run 0..MaxArraySize-1, slurm.conf(5)), so task N is job N, and a resumed sweep's array holds just
+    the members that run again (``--array=2,5,7``); else 0..n-1 (an array past MaxArraySize, split)."""
+    nums = [n for n in job_nums if n is not None]
+    if len(nums) == len(job_nums) and nums == sorted(set(nums)) and max(nums, default=0) < max_array_size:
+        return nums  # (ascending, as array_spec writes them: task ids[i] is job_nums[i])
+    return list(range(len(job_nums)))
+
+
+def array_spec(ids: tp.Sequence[int]) -> str:
+    """sbatch's ``--array`` index list for ``ids`` (sbatch(1), ``--array``: ranges and single indices, comma
+    separated): ``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``."""
+    parts: list[str] = []
+    start = prev = None
+    for i in [*sorted(ids), None]:
+        if start is not None and (i is None or i != prev + 1):  # type: ignore[operator]
+            parts.append(f"{start}-{prev}" if prev != start else str(start))
+            start = None
+        if i is not None and start is None:
+            start = i
+        prev = i
+    return ",".join(parts)
+
+
+def array_ids(spec: str) -> list[int]:
+    """The task ids an ``--array`` index list names, in order (:func:`array_spec`, its ``%N`` limit dropped)."""
+    out: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def script_task_ids(text: str) -> list[int]:
+    """The task ids of an array script's ``#SBATCH --array=`` line, in order (:func:`array_ids`)."""
+    for line in text.splitlines():
+        if line.startswith("#SBATCH --array="):
+            return array_ids(line.split("=", 1)[1].strip().strip('"'))
+    raise ValueError("no #SBATCH --array= line in the array script")
+
+
 def pattern_literal(path: object) -> str:
     """``path`` as a literal part of an sbatch/srun filename pattern: every ``%`` doubled (sbatch(1), "filename
     pattern": ``%%`` is the character ``%``). ``pattern_literal(run_dir) + "/slurm/%j.out"``."""
@@ -157,6 +202,29 @@ def parse_job_id(stdout: str) -> str:
     if m is None:
         raise SubmitError(f"sbatch --parsable printed {stdout!r}; expected a job id such as '123' or '123;cluster'")
     return m.group(1)
+
+
+#: sbatch's words for a request the cluster cannot meet or for "no cluster to talk to", and what the user is
+#: missing (slurm.conf(5): SLURM_CONF names the configuration; a configless cluster answers only on its login nodes).
+SBATCH_HINTS = (
+    ("Unable to process configuration file", ": the Slurm configuration cannot be read; set SLURM_CONF to the "
+     "cluster's slurm.conf, or submit from a login node"),
+    ("Could not establish a configuration source", ": this machine has the Slurm client but no configuration; "
+     "set SLURM_CONF to the cluster's slurm.conf, or submit from a login node"),
+    ("Invalid generic resource (gres) specification", ": slurm.gpus_per_node (#SBATCH --gpus-per-node) asks for "
+     "GPUs that this cluster or partition does not have: leave slurm.gpus_per_node out (no GPU request) or set "
+     "it to what the nodes have (sinfo -o '%P %G')"),
+    ("Unable to contact slurm controller", ": the Slurm controller does not answer from here; submit from a login "
+     "node, or check SLURM_CONF (scontrol ping)"),
+    ("resolve", ": the Slurm controller's host name does not resolve here; submit from a login node, or check "
+     "SLURM_CONF (scontrol ping)"),
+)
+
+
+def sbatch_hint(said: tp.Sequence[str]) -> str:
+    """What the user is missing, for the lines sbatch wrote when it refused a job (:data:`SBATCH_HINTS`), as
+    ``": ..."`` to end the error line with; "" when no hint fits."""
+    return next((h for pattern, h in SBATCH_HINTS if any(pattern in line for line in said)), "")
 
 
 def sbatch_export_args(environ: tp.Mapping[str, str], names: tp.Sequence[str]) -> list[str]:
@@ -187,10 +255,16 @@ def sbatch_export_args(environ: tp.Mapping[str, str], names: tp.Sequence[str]) -
 
 __all__ = [
     "PATTERN_OPTIONS",
+    "SBATCH_HINTS",
     "SRUN_EXPORT_ARGS",
     "directive_value",
     "parse_job_id",
     "pattern_literal",
     "render_sbatch",
     "sbatch_export_args",
+    "sbatch_hint",
+    "array_ids",
+    "array_spec",
+    "script_task_ids",
+    "task_ids",
 ]

@@ -22,10 +22,11 @@ ranges are expanded here.
 from __future__ import annotations
 
 import logging
+import os
 import re
-import subprocess
 import typing as tp
 
+from automodel_hydra.backends.slurm_transport import HERE, Transport
 from automodel_hydra.states import JobState, StateInfo
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0,
     timeout_s
         per command; a command that fails or times out counts as knowing nothing.
     run
-        runs a command and returns its stdout ("" when it failed); default: here (``slurm.tunnel``: on the login
-        node, ``backends.slurm``).
+        runs a command and returns its stdout ("" when it failed); default: on this machine
+        (:class:`~automodel_hydra.backends.slurm_transport.Here`; the backend passes its job's transport).
 
     Returns
     -------
@@ -66,6 +67,8 @@ def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0,
     ------
     ValueError
         an id that is not ``N`` or ``N_M`` (before any command runs).
+    NotAnswered
+        (a strict ``run``, :func:`runner`) neither tool could be asked.
     """
     wanted = list(dict.fromkeys(str(i) for i in ids))
     for job_id in wanted:
@@ -73,15 +76,24 @@ def query(ids: tp.Sequence[str], *, timeout_s: float = 60.0,
             raise ValueError(f"Slurm job id {job_id!r}: expected a job id such as '123' or an array task '123_4'")
     if not wanted:
         return {}
-    run = run or _run
-    table = parse_sacct(run(["sacct", "-X", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}",
-                              f"--jobs={_main_ids(wanted)}"], timeout_s))
+    run = run or runner(HERE)
+    try:
+        table = parse_sacct(run(["sacct", "-X", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}",
+                                  f"--jobs={_main_ids(wanted)}"], timeout_s))
+        failed: NotAnswered | None = None
+    except NotAnswered as e:  # (a strict runner: accounting down; squeue may still answer)
+        table, failed = {}, e
     known = {job_id: lookup(table, job_id) for job_id in wanted}
     recheck = [job_id for job_id, info in known.items()
                if info is None or not info.state.final or info.state in _MAY_REQUEUE]
     if recheck:
-        live = parse_squeue(run(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}",
-                                  f"--jobs={_main_ids(recheck)}"], timeout_s))
+        try:
+            live = parse_squeue(run(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}",
+                                      f"--jobs={_main_ids(recheck)}"], timeout_s))
+        except NotAnswered as e:
+            if failed is not None or not table:  # neither tool answered: nothing is known, not "none"
+                raise NotAnswered(f"{failed}; {e}" if failed and str(failed) != str(e) else str(e)) from None
+            live = {}  # sacct's word, if behind
         table = {**table, **live}
         known.update({job_id: lookup(table, job_id) for job_id in recheck})
     return {job_id: info or StateInfo(JobState.UNKNOWN) for job_id, info in known.items()}
@@ -91,18 +103,45 @@ def _main_ids(ids: tp.Iterable[str]) -> str:
     return ",".join(sorted({i.split("_")[0] for i in ids}, key=int))
 
 
-def _run(argv: list[str], timeout_s: float) -> str:
-    """stdout of ``argv``, or "" when it fails (logged at debug level: "accounting storage is disabled" is normal
-    on clusters without slurmdbd, and squeue answers "Invalid job id" when it knows none of the ids)."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.SubprocessError) as e:
-        log.debug("%s: %s", argv[0], e)
-        return ""
-    if proc.returncode != 0:
-        log.debug("%s exited %d: %s", argv[0], proc.returncode, proc.stderr.strip()[:300])
-        return ""
-    return proc.stdout
+class NotAnswered(RuntimeError):
+    """A Slurm command that could not be asked (no slurm.conf, no controller, not on PATH, no answer in time):
+    one line with the command, the side and what it said. Nothing is known of the jobs from it."""
+
+
+#: What a failing sacct or squeue says when it was asked and knows nothing (sacct without slurmdbd; squeue when
+#: it knows none of the ids): an answer, not a failure to ask.
+KNOWS_NOTHING = ("accounting storage is disabled", "Invalid job id specified")
+
+
+def runner(link: Transport, strict: bool = False) -> tp.Callable[[list[str], float], str]:
+    """:func:`query`'s command runner through ``link`` (this machine, or a login node): a command's stdout, or ""
+    when it failed (logged at debug level: :data:`KNOWS_NOTHING` is normal). ``strict``: a failure that is not one
+    of those answers (a missing or unreadable slurm.conf, a controller that does not answer) raises NotAnswered.
+    A transport that cannot reach its side raises (ConnectionLost): "could not ask" is never "knows nothing"."""
+
+    def run(argv: list[str], timeout_s: float) -> str:
+        conf = os.environ.get("SLURM_CONF")
+        if strict and link is HERE and conf and not os.path.isfile(conf):  # (the tools would retry it for 60 s)
+            raise NotAnswered(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf")
+        out = link.run(argv, timeout=timeout_s)
+        if out.returncode != 0:
+            said = out.said(1)
+            log.debug("%s on %s exited %d: %s", argv[0], link.where, out.returncode, said[:300])
+            if strict and not any(k in said for k in KNOWS_NOTHING):
+                raise NotAnswered(f"{argv[0]} on {link.where} exited {out.returncode}: {said[:300]}")
+            return ""
+        return out.text
+
+    return run
+
+
+def job_of_script(script: str, run: tp.Callable[[list[str], float], str]) -> str:
+    """The newest job of this user that ``squeue`` lists with ``script`` as its command (``%o``; ``%F``: a job
+    array's own id), or "" when it lists none: how a job that sbatch queued is found when sbatch's answer was not
+    ``--parsable``'s (squeue(1), ``--me``, ``--format``)."""
+    text = run(["squeue", "--me", "--noheader", "--states=all", "--format=%F|%o"], 60.0)
+    ids = [line.split("|", 1)[0].strip() for line in text.splitlines() if line.partition("|")[2].strip() == script]
+    return max((i for i in ids if i.isdigit()), key=int, default="")
 
 
 # ----------------------------------------------------------------------------------------------- parsing (pure)
@@ -120,7 +159,10 @@ def parse_squeue(text: str) -> dict[str, StateInfo]:
 
 
 def _parse(text: str) -> dict[str, StateInfo]:
-    table: dict[str, StateInfo] = {}
+    """A task's own row wins over a range row that names it: a pending range cancelled after some of its tasks
+    started stays one sacct record with its first range (``123_[1-3%1]`` CANCELLED beside ``123_1`` FAILED)."""
+    own: dict[str, StateInfo] = {}
+    ranged: dict[str, StateInfo] = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) < 2 or not _TABLE_ID.match(fields[0]):
@@ -128,9 +170,10 @@ def _parse(text: str) -> dict[str, StateInfo]:
         state = JobState.from_slurm(fields[1])
         reason = fields[2].strip() if len(fields) > 2 and state is JobState.PENDING else ""
         info = StateInfo(state, "" if reason in _NO_REASON else reason)
-        for job_id in expand_array_id(fields[0]):
-            table[job_id] = info
-    return table
+        ids = expand_array_id(fields[0])
+        for job_id in ids:
+            (ranged if "[" in fields[0] else own)[job_id] = info
+    return {**ranged, **own}
 
 
 def expand_array_id(job_id: str) -> list[str]:
@@ -170,4 +213,5 @@ def lookup(table: tp.Mapping[str, StateInfo], job_id: str) -> StateInfo | None:
     return next((i for i in infos if i.state is not JobState.COMPLETED), infos[0])
 
 
-__all__ = ["SACCT_FORMAT", "SQUEUE_FORMAT", "expand_array_id", "lookup", "parse_sacct", "parse_squeue", "query"]
+__all__ = ["KNOWS_NOTHING", "SACCT_FORMAT", "SQUEUE_FORMAT", "NotAnswered", "expand_array_id", "job_of_script",
+           "lookup", "parse_sacct", "parse_squeue", "query", "runner"]

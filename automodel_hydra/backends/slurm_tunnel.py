@@ -1,10 +1,11 @@
-"""Slurm through SSH (``slurm.tunnel``): the system ``ssh`` with one ControlMaster connection per command.
+"""Slurm through SSH (``slurm.tunnel``): the :class:`~automodel_hydra.backends.slurm_transport.Transport` of a
+login node, the system ``ssh`` with one ControlMaster connection per command.
 
 Planning stays on this machine and pure (:func:`remote_path` maps a local run dir to its dir on the login node);
-the side effects go through :class:`Connection`: :meth:`~Connection.ship` (the launch files and the code
-snapshot, one ``tar`` stream), :meth:`~Connection.run` (``sbatch``, ``sacct``/``squeue``, ``scancel``),
-:meth:`~Connection.fetch` (the small files a job writes back: ``result.json``, error files, logs) and
-:meth:`~Connection.read_from` (a log followed from an offset).
+the side effects go through :class:`SSH`: :meth:`~SSH.put` (the launch files and the code snapshot, one ``tar``
+stream), :meth:`~SSH.run` (``sbatch``, ``sacct``/``squeue``, ``scancel``), :meth:`~SSH.get` (the small files a job
+writes back: ``result.json``, error files, logs) and :meth:`~SSH.read_from` (a log followed from an offset).
+Each command's own output is read between markers, whatever the login shell prints around it (:class:`SSH`).
 
 Why the system ``ssh`` and not a library (paramiko, fabric, which NeMo-Run's ``SSHTunnel`` uses): it is what the
 user's own ``ssh HOST`` does, so ``~/.ssh/config`` (``Host`` aliases, ``ProxyJump``, ``Match``), the agent,
@@ -24,15 +25,19 @@ import atexit
 import dataclasses
 import io
 import os
+import re
+import secrets
 import shlex
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 import typing as tp
 from pathlib import Path, PurePosixPath
 
+from automodel_hydra.backends.slurm_transport import HERE, ConnectionLost, GetItem, Output, Transport
 from automodel_hydra.plan import PreflightError
 
 if tp.TYPE_CHECKING:
@@ -114,23 +119,24 @@ def sh(script: str) -> str:
     return "sh -c " + shlex.quote(script)
 
 
-@dataclasses.dataclass
-class Probe:
-    """What the login node answered to :meth:`Connection.probe`."""
+class SSH(Transport):
+    """One ControlMaster connection to an endpoint, opened on first use and shared by every ssh of this process;
+    :func:`connect` hands them out, one per endpoint. Thread-safe.
 
-    sbatch: str | None  # the path of sbatch, None when it has none
-    max_array_size: int | None
-    sbatch_export: str  # the login shell's SBATCH_EXPORT ("" when unset)
-
-
-class Connection:
-    """One ControlMaster connection to an endpoint, opened on first use and shared by every ssh (and tar) of this
-    process; :func:`connect` hands them out, one per endpoint. Thread-safe."""
+    Every command runs as ``sh -c`` under the login shell, between two random markers that it prints first and
+    last on stdout and stderr (with its exit status): what the login shell prints before or after it (a
+    ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and never taken for the
+    command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes are read as the
+    command wrote them."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self._dir: str | None = None
         self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:  # type: ignore[override]
+        return self.endpoint.where
 
     @property
     def socket(self) -> str:
@@ -146,7 +152,7 @@ class Connection:
         with self._lock:
             if self._dir is not None and os.path.exists(self.socket):
                 return
-            self._forget()  # a master that ended (idle past ControlPersist): log in again
+            self._forget()  # a master that ended (idle past ControlPersist, or its connection dropped): log in again
             if shutil.which("ssh") is None:
                 raise TunnelError("slurm.tunnel: ssh is not on PATH (Debian/Ubuntu: apt-get install openssh-client)")
             identity = self.endpoint.identity
@@ -180,41 +186,51 @@ class Connection:
                            timeout=10, stdin=subprocess.DEVNULL, check=False)
             self._forget()
 
-    def run(self, script: str, *, input: bytes | None = None, timeout: float | None = 120.0,
-            ) -> subprocess.CompletedProcess[bytes]:
-        """Run the POSIX sh ``script`` on the login node (stdin: ``input``); its exit status, stdout and stderr.
-        A command of its own session: a terminal's Ctrl-C reaches the launcher only, which decides (as for local
-        jobs). Raises TunnelError when the connection cannot be made or is lost (ssh's 255)."""
+    def run(self, argv: tp.Sequence[str], *, env: tp.Mapping[str, str] | None = None, cwd: str | None = None,
+            timeout: float = 120.0) -> Output:
+        """:meth:`Transport.run` on the login node: the values of ``env`` go on ssh's stdin, one line each, and
+        are read into the command's environment there (never on a command line). Raises ValueError for a value
+        with a line break or NUL (it cannot be sent so)."""
+        env = dict(env or {})
+        for name, value in env.items():
+            if "\n" in value or "\0" in value:
+                raise ValueError(f"${name} holds a line break, which cannot be passed through slurm.tunnel")
+        reads = "".join(f"IFS= read -r {name}; export {name}; " for name in env)
+        script = f"{reads}cd {q(cwd)} && {{ {shlex.join(argv)}\n}}" if cwd else f"{reads}{shlex.join(argv)}"
+        return self.sh(script, input="".join(v + "\n" for v in env.values()).encode(), timeout=timeout)
+
+    def sh(self, script: str, *, input: bytes = b"", timeout: float = 120.0) -> Output:
+        """Run the POSIX sh ``script`` on the login node (stdin: ``input``); its own exit status, stdout and
+        stderr (see the class docstring). A command of its own session: a terminal's Ctrl-C reaches the launcher
+        only, which decides (as for local jobs). Raises ConnectionLost when the connection drops or no answer
+        comes within ``timeout`` seconds, TunnelError when no login is possible."""
         self.open()
-        proc = subprocess.run([*self._base(), "-o", "ControlMaster=no", self.endpoint.destination, sh(script)],
-                              input=input if input is not None else b"", capture_output=True, timeout=timeout,
-                              start_new_session=True, check=False)
-        if proc.returncode == SSH_ERROR and not os.path.exists(self.socket):
-            self._forget()
-            raise TunnelError(login_error(self.endpoint, proc.stderr.decode(errors="replace"), SSH_ERROR))
-        return proc
+        token = f"amh-{secrets.token_hex(8)}"
+        marked = (f"printf '%s\\n' {token}; printf '%s\\n' {token} >&2; ({script}\n); s=$?; "
+                  f"printf '\\n%s %s\\n' {token}.end \"$s\"; printf '\\n%s\\n' {token}.end >&2; exit \"$s\"")
+        try:
+            proc = subprocess.run([*self._base(), "-o", "ControlMaster=no", self.endpoint.destination, sh(marked)],
+                                  input=input, capture_output=True, timeout=timeout, start_new_session=True,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise ConnectionLost(f"slurm.tunnel: {self.where} gave no answer within {timeout:g} s") from None
+        out, status = _between(proc.stdout, token, with_status=True)
+        err, _ = _between(proc.stderr, token)
+        if status is None:  # the command never ended there: the connection dropped (or never came up)
+            said = proc.stderr.decode(errors="replace")
+            if not os.path.exists(self.socket):
+                self._forget()
+            raise ConnectionLost(f"slurm.tunnel: the connection to {self.where} was lost "
+                                 f"({(said.strip().splitlines() or [f'ssh exited {proc.returncode}'])[-1]})")
+        return Output(status, out or b"", err if err is not None else proc.stderr)
 
-    def probe(self) -> Probe:
-        """One command: where sbatch is, the cluster's MaxArraySize (``scontrol show config``), SBATCH_EXPORT."""
-        out = self.run('printf "sbatch=%s\\n" "$(command -v sbatch)"; command -v sbatch >/dev/null || exit 0; '
-                       'printf "export=%s\\n" "${SBATCH_EXPORT-}"; '
-                       "scontrol show config 2>/dev/null | grep '^MaxArraySize' || :", timeout=90)
-        text = out.stdout.decode(errors="replace")
-        found = dict(line.split("=", 1) for line in text.splitlines() if line.startswith(("sbatch=", "export=")))
-        size = next((line.split("=", 1)[1].strip() for line in text.splitlines()
-                     if line.startswith("MaxArraySize")), "")
-        return Probe(found.get("sbatch") or None, int(size) if size.isdigit() else None, found.get("export", ""))
-
-    def ship(self, base: str, files: tp.Mapping[PurePosixPath, Path | bytes], dirs: tp.Iterable[PurePosixPath] = (),
-             renames: tp.Sequence[tuple[PurePosixPath, PurePosixPath]] = ()) -> None:
-        """Copy ``files`` (remote path -> a local file or bytes) in one ``tar`` stream into ``base`` on the login
-        node, make ``dirs``, then move each ``(tmp, final)`` of ``renames`` into place (replacing ``final``).
-        Symlinks are copied as links. Raises TunnelError when the remote side fails (a full disk, no write
-        permission), naming the host and what tar said."""
+    def put(self, files: tp.Mapping[PurePosixPath, Path | bytes], *, dirs: tp.Iterable[PurePosixPath] = (),
+            renames: tp.Sequence[tuple[PurePosixPath, PurePosixPath]] = ()) -> None:
+        """:meth:`Transport.put` as one ``tar`` stream, unpacked there by the login user (``--no-same-owner``)."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for remote, origin in files.items():
-                name = _member(remote, base)
+                name = _member(remote)
                 if isinstance(origin, bytes):
                     info = tarfile.TarInfo(name)
                     info.size, info.mode = len(origin), 0o644
@@ -230,28 +246,26 @@ class Connection:
                         tar.addfile(info)
         moves = [f"rm -rf {q(final)}.old; if [ -e {q(final)} ]; then mv {q(final)} {q(final)}.old; fi; "
                  f"mv {q(tmp)} {q(final)} && rm -rf {q(final)}.old" for tmp, final in renames]
-        script = "; ".join([f"set -e; mkdir -p {q(base)}; cd {q(base)}", *(f"mkdir -p {q(d)}" for d in dirs),
-                            "tar -xf -", *moves])
-        proc = self.run(script, input=buf.getvalue(), timeout=600)
-        if proc.returncode != 0:
-            said = proc.stderr.decode(errors="replace").strip().splitlines()
-            raise TunnelError(f"slurm.tunnel.job_dir={base!r}: copying the launch files to {self.endpoint.where} "
-                              f"failed ({proc.returncode}): {' | '.join(said[-2:])}")
+        script = "; ".join(["set -e", *(f"rm -rf {q(tmp)}" for tmp, _ in renames),
+                            *(f"mkdir -p {q(d)}" for d in dirs), "tar --no-same-owner -xf - -C /", *moves])
+        out = self.sh(script, input=buf.getvalue(), timeout=600)
+        if out.returncode != 0:
+            under = os.path.commonpath([str(p) for p in files]) if files else "/"
+            raise TunnelError(f"slurm.tunnel.job_dir: copying the launch files to {under} on {self.where} failed "
+                              f"({out.returncode}): {out.said(2)}")
 
-    def fetch(self, items: tp.Sequence[tuple[PurePosixPath, Path, tp.Sequence[str]]]) -> int:
-        """Copy back what exists of each item's ``names`` (relative paths, sh globs allowed: ``*.log``,
-        ``launch/error.rank*.json``; a dir comes with all it holds) under its remote dir into its local dir, all in
-        one ``tar`` stream. Returns the number of files written; what is missing is skipped."""
+    def get(self, items: tp.Sequence[GetItem]) -> int:
+        """:meth:`Transport.get` as one ``tar`` stream from the login node."""
         globs = " ".join(f"{q(remote)}/{_glob(n)}" for remote, _, names in items for n in names)
         if not globs:
             return 0
         script = (f"set --; for p in {globs}; do if [ -e \"$p\" ]; then set -- \"$@\" \"$p\"; fi; done; "
-                  'if [ $# -gt 0 ]; then exec tar -cf - "$@" 2>/dev/null; fi')
-        proc = self.run(script, timeout=600)
-        if not proc.stdout:
+                  'if [ $# -gt 0 ]; then tar -cf - "$@" 2>/dev/null; fi')
+        out = self.sh(script, timeout=600)
+        if not out.stdout:
             return 0
         written = 0
-        with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r") as tar:
+        with tarfile.open(fileobj=io.BytesIO(out.stdout), mode="r") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
@@ -274,14 +288,36 @@ class Connection:
         return written
 
     def read_from(self, path: PurePosixPath | str, pos: int) -> tuple[int, bytes] | None:
-        """What the remote file ``path`` holds from byte ``pos`` on, as ``(offset, data)``; offset 0 when the file
-        is shorter than ``pos`` (replaced or truncated: read again from its start). None when there is no file."""
         p = q(path)
-        proc = self.run(f"[ -f {p} ] || exit 3; size=$(wc -c < {p}); if [ \"$size\" -lt {pos} ]; then "
-                        f"printf R; cat {p}; else printf A; tail -c +{pos + 1} {p}; fi", timeout=60)
-        if proc.returncode != 0 or not proc.stdout:
+        out = self.sh(f"[ -f {p} ] || exit 3; size=$(wc -c < {p}); if [ \"$size\" -lt {pos} ]; then "
+                      f"printf R; cat {p}; else printf A; tail -c +{pos + 1} {p}; fi", timeout=60)
+        if out.returncode != 0 or not out.stdout:
             return None
-        return (0 if proc.stdout[:1] == b"R" else pos), proc.stdout[1:]
+        return (0 if out.stdout[:1] == b"R" else pos), out.stdout[1:]
+
+    def missing_line(self, command: str) -> str:
+        return (f"slurm.tunnel.host: {self.where} has no {command} on the PATH of a non-interactive ssh command "
+                f"(ssh HOST 'command -v {command}' finds none): name the cluster's login node, or put the Slurm "
+                "client on PATH in the shell's startup file there (~/.bashrc, ~/.ssh/environment)")
+
+
+def _between(data: bytes, token: str, with_status: bool = False) -> tuple[bytes | None, int | None]:
+    """What a marked command wrote between its markers (see :class:`SSH`), and its exit status when
+    ``with_status``; ``(None, None)`` when the markers are not both there."""
+    start = data.find(token.encode() + b"\n")
+    if start < 0:
+        return None, None
+    body = data[start + len(token) + 1:]
+    end = body.rfind(b"\n" + token.encode() + b".end")
+    if end < 0:
+        return None, None
+    status = None
+    if with_status:
+        word = body[end + len(token) + 5:].split(b"\n", 1)[0].strip()
+        if not word.isdigit():
+            return None, None
+        status = int(word)
+    return body[:end], status
 
 
 def q(path: PurePosixPath | str) -> str:
@@ -289,15 +325,16 @@ def q(path: PurePosixPath | str) -> str:
 
 
 def _glob(name: str) -> str:
-    """A relative name for the sh loop of :meth:`Connection.fetch`: quoted, except its ``*``."""
+    """A relative name for the sh loop of :meth:`SSH.get`: quoted, except its ``*``."""
     return "*".join(shlex.quote(part) if part else "" for part in name.split("*"))
 
 
-def _member(remote: PurePosixPath, base: str) -> str:
-    rel = PurePosixPath(remote).relative_to(base)
-    if ".." in rel.parts:
-        raise ValueError(f"{remote} is outside {base}")
-    return str(rel)
+def _member(remote: PurePosixPath) -> str:
+    """A tar member's name for an absolute path there (unpacked under ``/``)."""
+    path = PurePosixPath(remote)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"{remote}: not an absolute path without '..'")
+    return str(path.relative_to("/"))
 
 
 #: ssh's words (OpenSSH 7-9) for a host that does not answer, and for a refused login.
@@ -333,23 +370,48 @@ def _port(endpoint: Endpoint) -> list[str]:
     return [f"-p {endpoint.port} "] if endpoint.port else []
 
 
-def no_sbatch_line(endpoint: Endpoint) -> str:
-    return (f"slurm.tunnel.host: {endpoint.where} has no sbatch on the PATH of a non-interactive ssh command "
-            "(ssh HOST 'command -v sbatch' finds none): name the cluster's login node, or put the Slurm client on "
-            "PATH in the shell's startup file there (~/.bashrc, ~/.ssh/environment)")
+def reconnect(endpoints: tp.Sequence[Endpoint], budget_s: float, *, first_s: float = 1.0, most_s: float = 10.0,
+              sleep: tp.Callable[[float], None] = time.sleep,
+              clock: tp.Callable[[], float] = time.monotonic) -> Exception | None:
+    """Try to reach every endpoint again (one trivial command each), with backoff (``first_s`` doubling up to
+    ``most_s`` seconds between tries), for at most ``budget_s`` seconds. Returns None once all answer, else the last
+    ConnectionLost / TunnelError."""
+    began, delay = clock(), first_s
+    while True:
+        try:
+            for endpoint in endpoints:
+                connect(endpoint).run(["true"], timeout=30)
+            return None
+        except (ConnectionLost, TunnelError) as e:
+            lost: Exception = e
+        if clock() - began + delay > budget_s:
+            return lost
+        sleep(delay)
+        delay = min(delay * 2, most_s)
 
 
-_CONNECTIONS: dict[Endpoint, Connection] = {}
+def said(error: Exception) -> str:
+    """What ssh said of a failed or lost connection (a login error's ``(ssh: ...)``), else the error's line."""
+    m = re.search(r"\(ssh: (.*?)\)(?:;|$)", str(error))
+    return m.group(1) if m else str(error).removeprefix("slurm.tunnel: ")
+
+
+_CONNECTIONS: dict[Endpoint, SSH] = {}
 _LOCK = threading.Lock()
 
 
-def connect(endpoint: Endpoint) -> Connection:
+def connect(endpoint: Endpoint) -> SSH:
     """This process's connection to ``endpoint`` (made on first use; closed at exit)."""
     with _LOCK:
         conn = _CONNECTIONS.get(endpoint)
         if conn is None:
-            conn = _CONNECTIONS[endpoint] = Connection(endpoint)
+            conn = _CONNECTIONS[endpoint] = SSH(endpoint)
         return conn
+
+
+def transport(endpoint: Endpoint | None) -> Transport:
+    """Where a job's commands run: this machine (``endpoint`` None: no ``slurm.tunnel``), else its login node."""
+    return HERE if endpoint is None else connect(endpoint)
 
 
 @atexit.register
@@ -365,5 +427,5 @@ def close_all() -> None:
             pass
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "Connection", "Endpoint", "Probe", "TunnelError", "close_all", "connect",
-           "login_error", "no_sbatch_line", "remote_path", "sh"]
+__all__ = ["CONNECT_TIMEOUT_S", "SSH", "Endpoint", "TunnelError", "close_all", "connect", "login_error", "reconnect",
+           "remote_path", "said", "sh", "transport"]

@@ -25,7 +25,9 @@ The user function contract (:class:`RecipeFunction`)::
              should_stop: Callable[[], bool]) -> dict | None
 
 It is called on every rank after the process group is initialised (``dist.rank``, ``dist.world_size``,
-``dist.device``; with ``world_size > 1`` ``torch.distributed`` is ready). It returns the final metrics (e.g.
+``dist.device``; with ``world_size > 1`` ``torch.distributed`` is ready). ``dist.log(step, **metrics)`` logs a
+step (rank 0 appends it to the job's ``metrics.jsonl``: :meth:`automodel_hydra.bootstrap.Distributed.log`). It
+returns the final metrics (e.g.
 ``{"loss": 1.23}``; ``None`` means ``{}``), checkpoints wherever it likes, and polls ``should_stop()`` at step
 boundaries: it turns true after SIGUSR2 (Slurm's time-limit warning) or SIGTERM (preemption, cancel). A function that
 stops early on it should agree with the other ranks (e.g. ``all_reduce`` of the flag), checkpoint, and return
@@ -142,7 +144,14 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
         from automodel_hydra.recipes import automodel
 
         return automodel.run(recipe.obj, plain, dist, should_stop)
-    out = recipe.obj(OmegaConf.create(plain), dist, should_stop)
+    from automodel_hydra.metrics import StepLog
+
+    dist.step_log = StepLog(str(output_dir or "."), dist.rank)
+    try:
+        out = recipe.obj(OmegaConf.create(plain), dist, should_stop)
+    finally:
+        dist.step_log.close()
+        dist.step_log = None
     if out is None:
         out = {}
     if not isinstance(out, Mapping):

@@ -9,7 +9,7 @@
 with three differences, all documented in docs/recipes.md:
 
 * **The config object.** The recipe sections (everything but the launcher's,
-  :data:`..automodel_files.LAUNCHER_SECTIONS`) are handed *unresolved* to AutoModel's loader (``ConfigNode``), so
+  :data:`automodel_hydra.sections.NEVER_THE_RECIPES`) are handed *unresolved* to AutoModel's loader (``ConfigNode``), so
   ``${VAR}`` / ``${VAR,default}`` / ``${oc.env:VAR}`` / ``$VAR`` keep AutoModel's meaning (this rank's environment)
   and ``_target_`` its import rules. The optional ``wandb.enable`` switch is applied as AutoModel's CLI applies it
   (a small own equivalent: its function is private).
@@ -52,11 +52,6 @@ def recipe_sections(cfg: Mapping[str, tp.Any]) -> dict[str, tp.Any]:
     return copy.deepcopy(split_sections(cfg)[1])
 
 
-#: AutoModel's ``checkpoint.checkpoint_dir`` when a file leaves it out (``CheckpointingConfig``,
-#: ``nemo_automodel/components/checkpoint/config.py``; its recipe then checkpoints there, relative to the cwd).
-DEFAULT_CHECKPOINT_DIR = automodel_resume.DEFAULT_CHECKPOINT_DIR
-
-
 def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     """``sections`` with AutoModel's default ``checkpoint.checkpoint_dir`` written out when the file leaves it out
     (a copy; the input is not changed), so that the job's relative-dir rule (``automodel_hydra.paths``) anchors it
@@ -67,7 +62,7 @@ def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     if node is not None and not isinstance(node, dict) or isinstance(node, dict) and "checkpoint_dir" in node:
         return sections
     out = dict(sections)
-    out["checkpoint"] = {**(node or {}), "checkpoint_dir": DEFAULT_CHECKPOINT_DIR}
+    out["checkpoint"] = {**(node or {}), "checkpoint_dir": automodel_resume.AUTOMODEL_CHECKPOINT_DIR}
     return out
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import io
 import logging
 import os
 import typing as tp
@@ -45,10 +46,11 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from automodel_hydra import call, driver
+from automodel_hydra import call, driver, resume
 from automodel_hydra import config as am_config
-from automodel_hydra.plan import JobFailedError, JobSpec, written_by_this_launch
+from automodel_hydra.plan import RESULT_FILE, JobFailedError, JobSpec, written_by_this_launch
 from automodel_hydra.schema import ConfigError, UserValueError
+from automodel_hydra.states import JobState
 
 from . import _fast
 
@@ -159,6 +161,19 @@ def results_needed(config: DictConfig) -> str | None:
             "batch before, so every job must be waited for")
 
 
+def check_job_dir(sweep_config: DictConfig, overrides: tp.Sequence[str]) -> None:
+    """Exit with one line (status 2) when the job's dir (:func:`_sweep_job_dir`) is too long for the filesystem
+    (:func:`automodel_hydra.paths.sweep_dir_problem`): a name made from the user's overrides, such as
+    ``hydra.sweep.subdir=${hydra.job.override_dirname}``."""
+    from automodel_hydra import paths
+
+    text = OmegaConf.to_container(sweep_config.hydra.sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
+    problem = paths.sweep_dir_problem(str(OmegaConf.select(sweep_config, "hydra.sweep.dir")),
+                                      str(OmegaConf.select(sweep_config, "hydra.sweep.subdir")), str(text), overrides)
+    if problem is not None:
+        driver.fail(driver.one_line(problem))
+
+
 def _sweep_job_dir(sweep_config: DictConfig) -> Path:
     """The job's output dir, as Hydra's ``run_job`` makes it from ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
     (with the job's HydraConfig set, for ``${hydra:job.num}`` and friends)."""
@@ -181,8 +196,15 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     config, context = launcher.config, launcher.hydra_context
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
+    max_failures = _max_failures(config)
+    numbered = list(enumerate(job_overrides, start=initial_job_idx))
+    definition, kept = _resuming(config, sweep_dir, numbered)
+    numbered = [(idx, o) for idx, o in numbered if idx not in kept]
+    if not numbered:  # every member was kept: nothing is set up, written or submitted
+        launcher.job_states.extend(JobState.COMPLETED for _ in kept)
+        return [kept[idx] for idx, _ in enumerate(job_overrides, start=initial_job_idx)]
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"sweep dir: {sweep_dir}: preparing {len(job_overrides)} job(s)")
+    log.info(f"sweep dir: {sweep_dir}: preparing {len(numbered)} job(s)")
     planning = HydraContext(config_loader=context.config_loader,
                             callbacks=tp.cast(tp.Any, _DeferJobEnd(context.callbacks)))
     configs: dict[int, DictConfig] = {}  # the jobs set up by the exact path, for their on_job_end callbacks
@@ -203,30 +225,26 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
             sweep_config.hydra.job.num = idx
         HydraConfig.instance().set_config(sweep_config)
         configs[idx] = sweep_config
+        check_job_dir(sweep_config, overrides)  # before run_job makes it: too long is one line, not an OSError
         return run_job(hydra_context=planning, task_function=prepare, config=sweep_config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
     try:
-        returns = _fast.setup_jobs(context, config, prepare, job_overrides, initial_job_idx, exact)
+        returns = _fast.setup_jobs(context, config, prepare, [o for _, o in numbered], initial_job_idx, exact,
+                                   job_nums=[idx for idx, _ in numbered])
     except SystemExit:
         raise
     except Exception as e:  # a job's value of the wrong type: one line, nothing submitted
         _fail_config(e)
-    try:
+    with driver.one_line_exits(log.error):  # the same lines and statuses as a single run's
         for ret in returns:
             if ret.status == JobStatus.FAILED:  # a job failed to prepare: submit nothing
-                ret.return_value  # noqa: B018  (Hydra's public way to re-raise the job's exception)
-        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir, results_needed(config))
-    except driver.Stopped as e:
-        log.error(f"stopped: {e}")
-        raise SystemExit(e.exit_code) from None
-    except driver.USER_ERRORS as e:  # the same one line as a single run's, for every job's bad value
-        driver.fail(driver.one_line(e))
-    except driver.LAUNCH_ERRORS as e:  # sbatch refused the array, say: one line, as for a single run
-        driver.fail_launch(e)
-    except Exception as e:  # a bug: its traceback, and a line saying so
-        driver.fail_unexpected(e)
-    for idx, (ret, outcome) in enumerate(zip(returns, outcomes), start=initial_job_idx):
+                raise_failure(ret)
+        outcomes = driver.launch([ret.return_value for ret in returns], sweep_dir, results_needed(config),
+                                 definition=definition, max_failures=max_failures)
+    _record_states(launcher, outcomes)
+    launcher.job_states.extend(JobState.COMPLETED for _ in kept)
+    for (idx, _), ret, outcome in zip(numbered, returns, outcomes):
         try:
             ret.return_value = outcome.value()
         except JobFailedError as e:
@@ -238,7 +256,94 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
         with _job_context(job_config, ret):
             context.callbacks.on_job_end(config=job_config, job_return=ret)
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
-    return returns
+    if not kept:
+        return returns
+    ran = {idx: ret for (idx, _), ret in zip(numbered, returns)}
+    return [kept.get(idx) or ran[idx] for idx, _ in enumerate(job_overrides, start=initial_job_idx)]
+
+
+def _max_failures(config: DictConfig) -> int | None:
+    """``hydra.launcher.sweep_policy.max_failures``, checked (:func:`automodel_hydra.sweep_policy.check`): exits with
+    one line (status 2) for a bad value, before anything is set up."""
+    from automodel_hydra import sweep_policy
+
+    try:
+        return sweep_policy.check(OmegaConf.select(config, "hydra.launcher.sweep_policy.max_failures", default=None))
+    except ConfigError as e:
+        driver.fail(driver.one_line(e))
+
+
+def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[int, tp.Sequence[str]]]
+              ) -> tuple[resume.Definition | None, dict[int, JobReturn]]:
+    """This launch's sweep definition (None for a sweeper that chooses its points from results: there is no
+    fixed sweep to resume) and, when ``sweep_dir`` recorded this sweep before, the JobReturns of its COMPLETED
+    members, which are kept (:mod:`automodel_hydra.resume`). Prints the resume's line first; exits with one line
+    (status 2) for another definition or a member still RUNNING or PENDING, before anything is set up."""
+    import sys
+
+    if results_needed(config) is not None:
+        return None, {}
+    body = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
+    assert isinstance(body, dict)
+    for key in ("hydra", *resume.NOT_DEFINING):
+        body.pop(key, None)
+    argv = getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]
+    now = resume.Definition({idx: resume.point(overrides) for idx, overrides in numbered},
+                            resume.flatten(body), tuple(argv), os.getcwd())
+    manifest = resume.read_manifest(sweep_dir)
+    then = resume.recorded_definition(manifest)
+    if then is None or manifest is None:
+        return now, {}
+    whole = OmegaConf.select(config, "hydra.sweeper.max_batch_size", default=None) is None
+    tail = resume.difference(now, then, whole)
+    if tail is not None:
+        driver.fail(resume.difference_line(sweep_dir, tail))
+    records = [r for r in manifest.get("jobs", []) if (r.get("job_num") or 0) in now.points]
+    if not records and not set(now.points) & set(then.points):  # a batch this sweep had not reached: it just runs
+        return now, {}
+    decision = resume.decide(now.points, resume.member_states(records))
+    if decision.busy:
+        driver.fail(resume.busy_line(sweep_dir, decision))
+    print(resume.summary(decision), flush=True)
+    by_num, overrides = {int(r.get("job_num") or 0): r for r in records}, dict(numbered)
+    return now, {idx: _kept_return(by_num[idx], overrides[idx]) for idx in decision.kept}
+
+
+def _kept_return(record: tp.Mapping[str, tp.Any], overrides: tp.Sequence[str]) -> JobReturn:
+    """The JobReturn of a member kept by a resume: COMPLETED, its value the final loss of its ``result.json``
+    (read, never written)."""
+    import json
+
+    ret = JobReturn()
+    ret.overrides = list(overrides)
+    ret.task_name = str(record.get("log_name") or record.get("job_name") or "")
+    ret.working_dir = str(record["job_dir"])
+    try:
+        value = json.loads((Path(record["job_dir"]) / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        value = None
+    ret.status = JobStatus.COMPLETED
+    ret.return_value = value.get("loss") if isinstance(value, dict) else value
+    return ret
+
+
+def failure(ret: JobReturn) -> BaseException | None:
+    """A failed job's exception, through Hydra's public ``return_value`` (which raises it) without the line Hydra
+    writes to stderr first ("Error executing job with overrides: [...]"): the command's own line says which job
+    and why (the exception names the key)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            ret.return_value  # noqa: B018
+        except Exception as e:
+            return e
+    return None
+
+
+def raise_failure(ret: JobReturn) -> None:
+    """Raise a failed job's exception (:func:`failure`)."""
+    error = failure(ret)
+    if error is not None:
+        raise error
 
 
 def _fail_config(error: Exception) -> tp.NoReturn:
@@ -266,6 +371,7 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
     except driver.USER_ERRORS as e:
         driver.fail(driver.one_line(e))
     sweep_dir = Path(str(config.hydra.sweep.dir))
+    max_failures = _max_failures(config)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     name = f"{getattr(launcher.task_function, '__module__', '?')}." \
            f"{getattr(launcher.task_function, '__qualname__', launcher.task_function)}"
@@ -288,18 +394,17 @@ def launch_calls(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequ
         configs.append(sweep_config)
         log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
         Singleton.set_state(state)
-    try:
-        outcomes = driver.launch(jobs, sweep_dir, results_needed(config))
-    except driver.Stopped as e:
-        log.error(f"stopped: {e}")
-        raise SystemExit(e.exit_code) from None
-    except driver.USER_ERRORS as e:
-        driver.fail(driver.one_line(e))
-    except driver.LAUNCH_ERRORS as e:
-        driver.fail_launch(e)
-    except Exception as e:
-        driver.fail_unexpected(e)
+    with driver.one_line_exits(log.error):
+        outcomes = driver.launch(jobs, sweep_dir, results_needed(config), max_failures=max_failures)
+    _record_states(launcher, outcomes)
     return [_call_return(outcome, sweep_config) for outcome, sweep_config in zip(outcomes, configs)]
+
+
+def _record_states(launcher: AutomodelLauncher, outcomes: tp.Sequence[driver.Outcome]) -> None:
+    """Keep each job's final state (None: submitted and not waited for) for the sweep's last line, which our
+    sweeper prints after every batch has run (:func:`automodel_hydra.progress.last_line`); a dry run keeps none."""
+    launcher.job_states.extend(o.result.state if o.result is not None else None
+                               for o in outcomes if o.sub is not None or o.result is not None)
 
 
 def _call_return(outcome: driver.Outcome, sweep_config: DictConfig) -> JobReturn:

@@ -16,6 +16,13 @@ from automodel_hydra.config import register
 
 
 @dataclass
+class SweepPolicyConf:
+    # stop the sweep after this many failed members: those not started yet are cancelled, running ones finish,
+    # `automodel-hydra resume DIR` runs them again later; null = never stop (automodel_hydra/sweep_policy.py)
+    max_failures: tp.Optional[int] = None
+
+
+@dataclass
 class AutomodelLauncherConf:
     _target_: str = "hydra_plugins.automodel_hydra_launcher.launcher.AutomodelLauncher"
     # only for a task function not declared @automodel_hydra.driver.launchable (any Hydra app): each job runs as
@@ -25,6 +32,8 @@ class AutomodelLauncherConf:
     # that backend's options: the schema of train.py's interactive: / slurm: section, one process per job
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
     slurm: SlurmConfig = field(default_factory=lambda: SlurmConfig(**CALL_DEFAULTS))
+    # for every sweep, whatever its task function
+    sweep_policy: SweepPolicyConf = field(default_factory=SweepPolicyConf)
 
 
 @dataclass

@@ -21,9 +21,14 @@ class AutomodelLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
+        #: each launched job's final state (None: not waited for), over every batch: the sweep's last line
+        self.job_states: list[tp.Any] = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        from . import _core
+
+        _core._max_failures(config)  # a bad value: one line before the sweeper writes the sweep dir
 
     def launch(self, job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int) -> tp.Sequence[JobReturn]:
         from . import _core

@@ -71,6 +71,7 @@ class AutomodelSweeper(BasicSweeper):
         if not self._launcher_validates():
             return super().sweep(arguments)
         from automodel_hydra.plan import JobFailedError, JobStoppedError
+        from automodel_hydra.stops import CTRL_C_EXIT
 
         launcher = self.launcher
         assert launcher is not None
@@ -82,7 +83,7 @@ class AutomodelSweeper(BasicSweeper):
 
         self.launcher = tp.cast(tp.Any, _Launching(launcher, launch))
         try:
-            return super().sweep(arguments)
+            returns = super().sweep(arguments)
         except JobFailedError:  # our launcher's jobs: one line per failed job, no traceback
             errors = [_failure(r) for r in batches[-1] if r.status == JobStatus.FAILED]
             if not all(isinstance(e, JobFailedError) for e in errors):
@@ -90,9 +91,21 @@ class AutomodelSweeper(BasicSweeper):
             for e in errors:  # a cancelled job's line is a stop, not an error
                 kind = "stopped" if isinstance(e, JobStoppedError) else "error"
                 print(f"{kind}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-            raise SystemExit(130 if all(isinstance(e, JobStoppedError) for e in errors) else 1) from None
+            self._last_line(launcher)
+            raise SystemExit(CTRL_C_EXIT if all(isinstance(e, JobStoppedError) for e in errors) else 1) from None
         finally:
             self.launcher = launcher
+        self._last_line(launcher)
+        return returns
+
+    def _last_line(self, launcher: tp.Any) -> None:
+        """The sweep's last line: its dir and ``automodel-hydra report DIR`` (nothing after a dry run)."""
+        from automodel_hydra.progress import last_line
+
+        assert self.config is not None
+        line = last_line(self.config.hydra.sweep.dir, getattr(launcher, "job_states", []))
+        if line:
+            print(line, file=sys.stderr, flush=True)
 
     def _launcher_validates(self) -> bool:
         """Our launchers compose and validate every job of a batch before submitting any of them.
@@ -111,9 +124,7 @@ class _Launching:
 
 
 def _failure(ret: JobReturn) -> BaseException | None:
-    """A failed job's exception, through Hydra's public ``return_value`` (which raises it)."""
-    try:
-        ret.return_value  # noqa: B018
-    except Exception as e:
-        return e
-    return None
+    """A failed job's exception (``_core.failure``: without Hydra's "Error executing job" line)."""
+    from hydra_plugins.automodel_hydra_launcher._core import failure
+
+    return failure(ret)

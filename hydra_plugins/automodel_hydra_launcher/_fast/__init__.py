@@ -42,8 +42,10 @@ Exact = tp.Callable[[int, tp.Sequence[str]], "JobReturn"]
 
 
 def setup_jobs(context: HydraContext, config: DictConfig, prepare: tp.Callable[..., tp.Any],
-               job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int, exact: Exact) -> list[JobReturn]:
-    """Set up and ``prepare`` every job of one launch (numbered from ``initial_job_idx``) as ``exact`` would.
+               job_overrides: tp.Sequence[tp.Sequence[str]], initial_job_idx: int, exact: Exact,
+               job_nums: tp.Sequence[int] | None = None) -> list[JobReturn]:
+    """Set up and ``prepare`` every job of one launch (numbered from ``initial_job_idx``, or ``job_nums``: a
+    resumed sweep's members that run again keep their numbers) as ``exact`` would.
 
     Parameters
     ----------
@@ -68,7 +70,8 @@ def setup_jobs(context: HydraContext, config: DictConfig, prepare: tp.Callable[.
     composer = SweepComposer(context.config_loader, config)  # one Hydra compose per set of group choices
     fast = None if config.hydra.callbacks else FastJobs(composer, config, prepare)
     returns: list[JobReturn] = []
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+    nums = list(job_nums) if job_nums is not None else range(initial_job_idx, initial_job_idx + len(job_overrides))
+    for idx, overrides in zip(nums, job_overrides):
         ret = fast.run(idx, overrides) if fast is not None else None
         if ret is not None:
             returns.append(ret)

@@ -27,6 +27,7 @@ this only when ``hydra.callbacks`` is empty.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -38,6 +39,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, JobRuntime, JobStatus, configure_log, env_override
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from automodel_hydra import paths
 
 from ._compose import Split, SweepComposer, _Base, apply, freeze, thaw
 from ._load import SweepLoader
@@ -63,6 +66,9 @@ class _BaseState:
         self.task_doc = YamlDoc(self.task_data)
         self.work: DictConfig | None = None  # the last job's task config, and the keys its overrides set
         self.work_keys: frozenset[tuple[str, ...]] | None = None
+        self.work_lines: tuple[str, ...] = ()  # its value overrides, the keys set once, the values read back
+        self.work_once: frozenset[str] = frozenset()
+        self.work_leaves: dict[tuple[str, ...], tp.Any] = {}
         self.hydra_data = tp.cast(dict, OmegaConf.to_container(hydra, resolve=False, enum_to_str=True))
         self.hydra_doc = YamlDoc({"hydra": self.hydra_data})
         refs = _hydra_refs(self.hydra_data)  # the job's fields an interpolation of the node reads from state.full
@@ -178,24 +184,34 @@ class FastJobs:
         When every value override sets a plain value on a key the base has as a plain value (``seed=3``), and the
         previous job of this base set the same keys, the overrides are applied to that job's config again: each
         key then holds this job's value and nothing else differs from a fresh copy, and only the set values are
-        read back for the data and the YAML. Otherwise the job gets a fresh copy of the base."""
+        read back for the data and the YAML. An override that is the previous job's override at the same place,
+        on a key that each of the two sets once (``slurm.partition=debug``, given once on the command line for
+        every job), is not applied again: the key already holds that value. Otherwise the job gets a fresh copy
+        of the base."""
         paths = state.plain_paths(split.values)
         reuse = paths is not None and state.work is not None and state.work_keys == frozenset(paths)
         cfg = state.work if reuse and state.work is not None else state.task_copy()
-        state.work = state.work_keys = None
+        lines = tuple(str(o.input_line) for o in split.values)
+        once = _set_once(split.values)
+        repeated = _repeated(state.work_lines, state.work_once, split.values, once) if reuse else set()
+        before = state.work_leaves
+        state.work, state.work_keys, state.work_lines, state.work_leaves = None, None, (), {}
         try:
-            for o in split.values:
-                apply(cfg, o)
+            for i, o in enumerate(split.values):
+                if i not in repeated:
+                    apply(cfg, o)
             if paths is None:
                 container = tp.cast(dict, OmegaConf.to_container(cfg, resolve=False))
                 OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
                 return cfg, container, to_yaml(container)
-            leaves = {path: _raw(cfg, path, o) for path, o in paths.items()}
+            kept = {tuple(split.values[i].key_or_group.split(".")) for i in repeated}
+            leaves = {path: before[path] if path in kept else _raw(cfg, path, o) for path, o in paths.items()}
         except Exception:  # (run_job's path composes it with Hydra: Hydra's own result or error)
             return None
         if not reuse:
             OmegaConf.copy_cache(from_config=self.master, to_config=cfg)
-        state.work, state.work_keys = cfg, frozenset(paths)
+        state.work, state.work_keys, state.work_lines, state.work_once = cfg, frozenset(paths), lines, once
+        state.work_leaves = leaves
         return cfg, _replaced(state.task_data, leaves), state.task_doc.text(leaves)
 
     def _state(self, base: _Base) -> _BaseState:
@@ -224,6 +240,12 @@ class FastJobs:
         for key in ("dir", "subdir"):
             value = _lookup(data, data.get("sweep", {}).get(key))
             where.append(OmegaConf.select(state.full, f"hydra.sweep.{key}") if value is _UNKNOWN else value)
+        too_long = paths.sweep_dir_problem(str(where[0]), str(where[1]), str(data.get("sweep", {}).get("subdir")),
+                                           split.task)
+        if too_long is not None:  # before the dir is made: one line naming the key, not an OSError
+            from automodel_hydra import driver
+
+            driver.fail(driver.one_line(too_long))
         output_dir = os.path.abspath(os.path.join(str(where[0]), str(where[1])))
         fields[("runtime", "output_dir")] = output_dir
         _set(state.full.hydra, {k: v for k, v in fields.items() if k in state.referenced})
@@ -256,6 +278,22 @@ class FastJobs:
                 handler.baseFilename = path
                 if old is not None:
                     old.close()
+
+
+def _set_once(values: tp.Sequence[Override]) -> frozenset[str]:
+    """The keys that exactly one of ``values`` sets."""
+    count = collections.Counter(o.key_or_group for o in values)
+    return frozenset(key for key, n in count.items() if n == 1)
+
+
+def _repeated(before: tuple[str, ...], before_once: frozenset[str], values: tp.Sequence[Override],
+              once: frozenset[str]) -> set[int]:
+    """The places where a job's value override is the previous job's (``before``: their texts) on a key that each
+    of the two jobs sets once (``before_once``, ``once``): applying it again would set the value the key holds."""
+    if len(before) != len(values):
+        return set()
+    return {i for i, (line, o) in enumerate(zip(before, values))
+            if line == str(o.input_line) and o.key_or_group in once and o.key_or_group in before_once}
 
 
 def _set(node: DictConfig, fields: tp.Mapping[tuple[str, ...], tp.Any]) -> None:
@@ -359,8 +397,9 @@ def _hydra_refs(data: tp.Any) -> set[tuple[str, ...]]:
     return set()
 
 
-#: Resolvers whose answer does not depend on the job's own config (``hydra:`` reads the global HydraConfig).
-_CONTEXT_FREE = frozenset({"now", "hydra", "oc.env", "oc.decode", "automodel_uid"})
+#: Resolvers whose answer does not depend on the job's own config (``hydra:`` reads the global HydraConfig;
+#: ``automodel_help_keys``, in ``hydra.help``, reads the schema: automodel_hydra.train.help_keys).
+_CONTEXT_FREE = frozenset({"now", "hydra", "oc.env", "oc.decode", "automodel_uid", "automodel_help_keys"})
 _INTERPOLATION = re.compile(r"(\\*)\$\{\s*([^}:\s]*)\s*(:?)")
 
 

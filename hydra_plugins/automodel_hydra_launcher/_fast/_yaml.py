@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import enum
 import io
-import re
 import typing as tp
 
 import yaml
 
 #: YAML 1.1's words for booleans, which OmegaConf quotes when they are text (``omegaconf``'s dumper).
 _YAML_BOOLS = frozenset("y Y yes Yes YES n N no No NO true True TRUE false False FALSE on On ON off Off OFF".split())  # noqa: SIM905
-#: PyYAML's line width (``Emitter.best_width``), which OmegaConf's ``to_yaml`` leaves at its default.
-WIDTH = 80
 
 
 class _OmegaConfDumper(yaml.Dumper):
@@ -53,16 +50,23 @@ class YamlDoc:
 
     The document is represented once (PyYAML's node tree). For each set of changed key paths, it is emitted once
     with a marker in place of each changed value (a template); :meth:`text` then writes each changed value into
-    its place, as the emitter writes it there, when that is sure to be what emitting the whole document gives: a
-    scalar that the emitter writes on one line that ends within the line width (so that it wraps nowhere), or a
-    list of such scalars (a block sequence at its key's indentation, PyYAML's style). Anything else (a mapping, a
-    long or multi-line value) is emitted in full. Either way the text is what :func:`to_yaml` gives for the
-    changed data."""
+    its place as the emitter writes it there. What PyYAML's emitter writes for a mapping's value depends on the
+    value and on where it is written: the column after its key's ``:`` (where a line longer than the width
+    breaks, in ``write_plain``/``write_double_quoted``/``write_single_quoted``) and the indentation of its
+    mapping (that of a continuation line, a block sequence's items, a nested mapping's keys); the emitter's state
+    after the ``:`` is the same for every value. So each value is emitted on its own with the same keys above it
+    (:meth:`_placed`: the same column and indentation), and what follows its key's ``:`` there is what the whole
+    document has there, wrapped lines and block collections included. A value whose own text could depend on the
+    rest of the document (an anchor, an explicit document end) or a marker that is not a mapping's value is
+    emitted in full instead. Either way the text is what :func:`to_yaml` gives for the changed data."""
 
     def __init__(self, data: dict[str, tp.Any]) -> None:
         self._dumper = _OmegaConfDumper(io.StringIO(), default_flow_style=False, allow_unicode=True, sort_keys=False)
         self.root = self._represent(data)
         self._templates: dict[tuple[tuple[str, ...], ...], _Template | None] = {}
+        self._heads: dict[tuple[str, ...], str | None] = {}
+        # placed scalars and one-item lists: a sweep's jobs set the same few values again and again
+        self._scalars: dict[tuple[tuple[str, ...], type, str], str | None] = {}
 
     def _represent(self, value: tp.Any) -> yaml.Node:
         node = self._dumper.represent_data(value)
@@ -76,30 +80,54 @@ class YamlDoc:
             self._templates[paths] = self._template(paths)
         template = self._templates[paths]
         if template is not None:
-            filled = template.fill([self._line(changes[p]) for p in paths])
+            filled = template.fill([self._placed(p, changes[p]) for p in paths])
             if filled is not None:
                 return filled
         return _emit(self._replace(self.root, {p: self._represent(v) for p, v in changes.items()}, ()))
 
     def _template(self, paths: tuple[tuple[str, ...], ...]) -> _Template | None:
-        marks = [f"AMHMARK{i}X" for i in range(len(paths))]
+        marks = [f"{_MARK}{i}X" for i in range(len(paths))]
         text = _emit(self._replace(self.root, {p: yaml.ScalarNode("tag:yaml.org,2002:str", m)
                                                for p, m in zip(paths, marks)}, ()))
         if any(text.count(m) != 1 for m in marks):
             return None
         return _Template(text, marks)
 
-    def _line(self, value: tp.Any) -> list[str] | str | None:
-        """How the emitter writes ``value`` as a mapping's value: one line (a scalar), a list of item lines (a list
-        of scalars), or None (anything else)."""
-        if isinstance(value, (list, tuple)):
-            items = [self._line(v) for v in value]
-            return tp.cast(list[str], items) if all(isinstance(i, str) for i in items) else None
-        if isinstance(value, dict):
+    def _placed(self, path: tuple[str, ...], value: tp.Any) -> str | None:
+        """What the emitter writes after the ``:`` of the key at ``path`` when that key's value is ``value``
+        (``" 3"``, a plain scalar wrapped over lines, ``"\\n- a\\n- b"`` for a list), without the line break
+        that ends it; None when it cannot be told from ``path`` alone (see the class docstring)."""
+        head = self._heads.get(path, _UNSET)
+        if head is _UNSET:
+            marked = _emit(self._nested(path, yaml.ScalarNode("tag:yaml.org,2002:str", _MARK)))
+            at = marked.find(_MARK)
+            head = self._heads[path] = marked[:at - 1] if marked[at - 2:at] == ": " else None
+        if head is None:
             return None
-        text = _emit(self._represent(value))
-        line, _, rest = text.partition("\n")
-        return line if rest in ("", "...\n") and line not in ("", "...") else None
+        scalar = value is None or isinstance(value, (str, int, float))
+        if isinstance(value, list) and value and all(v is None or isinstance(v, (str, int, float)) for v in value):
+            # a block sequence of scalars: each item is its own "- item" line (the emitter's state after one is
+            # that after any other), so where every item is one line, the list is its items' lines
+            items = [self._placed(path, [v]) if len(value) > 1 else None for v in value]
+            if all(i is not None and i.count("\n") == 1 and i.startswith("\n") for i in items):
+                return "".join(tp.cast(list[str], items))
+        key = (path, type(value), repr(value))
+        cache = scalar or (isinstance(value, list) and len(value) == 1)
+        if cache and key in self._scalars:
+            return self._scalars[key]
+        text = _emit(self._nested(path, self._represent(value)))
+        body: str | None = text[len(head):-1]
+        if not text.startswith(head) or not text.endswith("\n") or text.endswith("\n...\n") or "&id" in text:
+            body = None  # (an anchor's number, an explicit document end: the whole document decides those)
+        if cache and len(self._scalars) < _MAX_SCALARS:
+            self._scalars[key] = body
+        return body
+
+    def _nested(self, path: tuple[str, ...], node: yaml.Node) -> yaml.Node:
+        """``node`` as the value at ``path`` in a document of nothing but the mappings on that path."""
+        for key in reversed(path):
+            node = yaml.MappingNode("tag:yaml.org,2002:map", [(self._represent(key), node)], flow_style=False)
+        return node
 
     def _replace(self, node: yaml.Node, changes: tp.Mapping[tuple[str, ...], yaml.Node], path: tuple[str, ...]
                  ) -> yaml.Node:
@@ -122,6 +150,13 @@ class YamlDoc:
         return yaml.MappingNode(node.tag, pairs, flow_style=node.flow_style)
 
 
+#: A plain scalar no config value is: marks where a changed value goes in a template.
+_MARK = "AMHMARK"
+_UNSET: tp.Any = object()
+#: How many placed values (a scalar, a one-item list) a document keeps.
+_MAX_SCALARS = 4096
+
+
 def _emit(node: yaml.Node) -> str:
     return tp.cast(str, yaml.serialize(node, Dumper=_OmegaConfDumper, allow_unicode=True))
 
@@ -129,41 +164,29 @@ def _emit(node: yaml.Node) -> str:
 class _Template:
     """A document's text with a marker where each changed value goes, each as a mapping's value (``key: MARK``)."""
 
-    _LINE = re.compile(r"[^\n]*$")
-
     def __init__(self, text: str, marks: list[str]) -> None:
         where = sorted((text.index(m), i, m) for i, m in enumerate(marks))
         self.parts: list[str] = []  # text before each marker, in the document's order, then the rest
         self.order: list[int] = []  # which change each marker is
-        self.columns: list[tuple[int, int] | None] = []  # (column, key indentation); None: not `key: MARK`
+        self.valued: list[bool] = []  # whether the marker is a mapping's value (``key: MARK``)
         pos = 0
         for at, i, m in where:
             before = text[pos:at]
             line = text[text.rfind("\n", 0, at) + 1:at]
             self.parts.append(before)
             self.order.append(i)
-            self.columns.append((len(line), len(line) - len(line.lstrip(" "))) if line.endswith(": ") else None)
+            self.valued.append(line.endswith(": "))
             pos = at + len(m)
         self.parts.append(text[pos:])
 
-    def fill(self, lines: list[list[str] | str | None]) -> str | None:
-        """The text with ``lines[i]`` (see ``YamlDoc._line``) in place of marker ``i``; None where a value might
-        be written otherwise in the whole document (a line would pass the width, so the emitter could wrap it)."""
+    def fill(self, placed: list[str | None]) -> str | None:
+        """The text with ``placed[i]`` (:meth:`YamlDoc._placed`: what follows the key's ``:``) in place of
+        marker ``i`` and the space before it; None where one cannot be placed."""
         out = []
         for k, i in enumerate(self.order):
-            value, place, before = lines[i], self.columns[k], self.parts[k]
-            if value is None or place is None:
+            value = placed[i]
+            if value is None or not self.valued[k]:
                 return None
-            column, indent = place
-            if isinstance(value, str):
-                if column + len(value) > WIDTH:
-                    return None
-                out.append(before + value)
-            elif not value:
-                out.append(before + "[]")
-            else:
-                if any(indent + 2 + len(v) > WIDTH for v in value):
-                    return None
-                out.append(before[:-1] + "".join(f"\n{' ' * indent}- {v}" for v in value))
+            out.append(self.parts[k][:-1] + value)
         out.append(self.parts[-1])
         return "".join(out)

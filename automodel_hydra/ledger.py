@@ -1,0 +1,320 @@
+"""The ledger: every attempt of a job's current launch (each in-job restart, each Slurm requeue), with the class
+of its end (:func:`automodel_hydra.failures.classify`), the node the evidence blames, when it started and ended,
+the step it reached, the steps and seconds it lost, and whether it was tried again; and the job's goodput.
+
+Read from what the ranks leave in ``launch/`` (nothing here asks a scheduler; the caller passes sacct's state of
+the latest attempt):
+
+* ``ranks/start.<attempt>.json``: written by rank 0 as the attempt starts (:func:`record_start`);
+* ``ranks/rank<R>.<attempt>.json``: each rank's end (:mod:`automodel_hydra.outcome`): how, its class and evidence,
+  the optimizer step it reached (``step``) and the one it resumed from (``resumed``);
+* ``ft/hang.rank<R>.<attempt>.json``: a hung rank (:mod:`automodel_hydra.fault_tolerance`);
+* ``ranks/decision.<attempt>.json``: whether the attempt was tried again and why (:func:`record_decision`: the
+  worker under ``ft_launcher``, the Slurm requeue hook :mod:`automodel_hydra.retry`).
+
+Times are the file server's modification times of those records (no host's clock is compared). Definitions
+(docs/failures.md): ``steps_lost`` of an attempt = the step it reached minus the step the next attempt resumed
+from (the steps done again), 0 for an attempt that completed, all its steps for a failed last attempt (no attempt
+resumed them; a checkpoint it left may keep some, which the ledger cannot know), None where no step is known;
+``seconds_lost`` = the attempt's wall time times the share of its steps lost (all of it when it made no step);
+``goodput`` = the wall time of kept steps over the wall time from the first attempt's start to the last one's end.
+
+This module imports only the standard library, :mod:`automodel_hydra.failures`,
+:mod:`automodel_hydra.fault_tolerance` and :mod:`automodel_hydra.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import typing as tp
+from pathlib import Path
+
+from automodel_hydra import failures, fault_tolerance
+from automodel_hydra.plan import CANCELLED_MARK, attempt_name, read_run_id
+
+#: Where the ranks' records go, under the job's ``launch/`` dir (end records: :mod:`automodel_hydra.outcome`).
+RANKS_DIR = "ranks"
+#: How a rank left the worker.
+RETURNED, STOPPED, RAISED = "returned", "stopped", "raised"
+#: The ledger's class of an attempt that completed (not a failure class).
+COMPLETED = "completed"
+#: An attempt still running (the latest, before it ended).
+RUNNING = "running"
+
+
+def node_name(environ: tp.Mapping[str, str] = os.environ) -> str:
+    """The node this process runs on, as the scheduler names it (``SLURMD_NODENAME``: what ``ExcNodeList`` takes),
+    else the host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _write(path: Path, record: dict[str, tp.Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def start_file(launch: Path, restart: int = 0, requeue: int = 0) -> Path:
+    return Path(launch) / RANKS_DIR / f"start.{attempt_name(restart, requeue)}.json"
+
+
+def decision_file(launch: Path, restart: int = 0, requeue: int = 0) -> Path:
+    return Path(launch) / RANKS_DIR / f"decision.{attempt_name(restart, requeue)}.json"
+
+
+def record_start(launch: Path, restart: int = 0, requeue: int = 0,
+                 environ: tp.Mapping[str, str] = os.environ) -> Path:
+    """Rank 0: the attempt ``(restart, requeue)`` starts now, on this host. The first attempt of a Slurm requeue
+    also records how Slurm says each earlier run of the job ended (:func:`slurm_runs`): a run that ended
+    NODE_FAIL left no record of its own (its ranks died with the node), and Slurm requeued it itself."""
+    record: dict[str, tp.Any] = {"attempt": restart, "requeue": requeue, "host": socket.gethostname(),
+                                 "node": node_name(environ), "run_id": read_run_id(launch)}
+    job = environ.get("SLURM_JOB_ID")
+    if requeue > 0 and restart == 0 and job:
+        record["slurm_runs"] = slurm_runs(job)
+    return _write(start_file(launch, restart, requeue), record)
+
+
+#: The Slurm states of an earlier run that the ranks cannot record: the node died under them.
+NODE_STATES = ("NODE_FAIL", "BOOT_FAIL")
+
+
+def slurm_runs(job_id: str, timeout_s: float = 10.0) -> list[list[str]]:
+    """``[[state, nodelist], ...]`` of every run of the job, oldest first (``sacct -D -X -j JOB``: sacct(1)
+    "--duplicates" lists each run of a requeued job, the earlier ones ``REQUEUED``, ``PREEMPTED`` or
+    ``NODE_FAIL``); [] when sacct cannot tell (no accounting, a timeout)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,NodeList"],
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
+    return [[r[0].split()[0], r[1]] for r in rows if len(r) >= 2 and r[0].strip()] if proc.returncode == 0 else []
+
+
+def _run_states(starts: tp.Mapping[tuple[int, int], tp.Mapping[str, tp.Any]]) -> dict[int, list[str]]:
+    """Requeue number -> ``[state, nodelist]`` of that Slurm run, from the later attempts' start records."""
+    found: dict[int, list[str]] = {}
+    for record in starts.values():
+        for i, run in enumerate(record.get("slurm_runs") or []):
+            if isinstance(run, list) and len(run) == 2 and i < int(record.get("requeue") or 0):
+                found.setdefault(i, [str(run[0]), str(run[1])])
+    return found
+
+
+def record_decision(launch: Path, restart: int, requeue: int, failure: failures.Failure,
+                    decision: failures.Decision, by: str, excluded: tp.Sequence[str] = ()) -> Path:
+    """Whether the attempt is tried again (``by``: ``ft_launcher``, ``slurm``), with its class and evidence;
+    ``excluded``: the nodes the requeued job is kept off (``ExcNodeList``), all so far."""
+    return _write(decision_file(launch, restart, requeue),
+                  {"attempt": restart, "requeue": requeue, "class": failure.kind, "evidence": failure.evidence,
+                   "retry": decision.retry, "why": decision.why, "by": by, "excluded": list(excluded),
+                   "run_id": read_run_id(launch)})
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One attempt of the ledger; ``start``/``end`` in seconds since the epoch (file server's clock)."""
+
+    requeue: int
+    restart: int
+    kind: str
+    evidence: str
+    node: str | None = None
+    start: float | None = None
+    end: float | None = None
+    step: int | None = None
+    resumed: int | None = None
+    steps_lost: int | None = None
+    seconds_lost: float | None = None
+    decision: str | None = None
+    excluded: list[str] = dataclasses.field(default_factory=list)
+
+    def as_json(self) -> dict[str, tp.Any]:
+        return {"attempt": attempt_name(self.restart, self.requeue), "requeue": self.requeue,
+                "restart": self.restart, "class": self.kind, "evidence": self.evidence, "node": self.node,
+                "start": self.start, "end": self.end, "step": self.step, "resumed_from": self.resumed,
+                "steps_lost": self.steps_lost,
+                "seconds_lost": None if self.seconds_lost is None else round(self.seconds_lost, 1),
+                "decision": self.decision, **({"excluded": self.excluded} if self.excluded else {})}
+
+
+def _key(record: tp.Mapping[str, tp.Any]) -> tuple[int, int]:
+    return int(record.get("requeue") or 0), int(record.get("attempt") or 0)
+
+
+def _read(paths: tp.Iterable[Path], current: str | None) -> list[dict[str, tp.Any]]:
+    found = []
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+            record["mtime"] = path.stat().st_mtime
+        except (OSError, ValueError, TypeError):
+            continue
+        if isinstance(record, dict) and fault_tolerance.this_launch(current, record):
+            found.append(record)
+    return found
+
+
+def _node(record: tp.Mapping[str, tp.Any] | None) -> str | None:
+    if record is None:
+        return None
+    found = record.get("node") or record.get("host")
+    return str(found) if found else None
+
+
+def _rank_failure(record: tp.Mapping[str, tp.Any]) -> failures.Failure:
+    kind = str(record.get("class") or failures.CRASH)
+    return failures.Failure(kind, f"rank {record.get('rank')}: {record.get('evidence') or record.get('error')}")
+
+
+def classify_attempt(ends: tp.Sequence[tp.Mapping[str, tp.Any]], hangs: tp.Sequence[tp.Mapping[str, tp.Any]], *,
+                     slurm_state: str | None = None, cancelled: bool = False,
+                     requeued_after: bool = False) -> tuple[failures.Failure | None, str | None]:
+    """The class of one attempt's end from its ranks' end records and hang records (``mtime`` each), sacct's
+    ``slurm_state`` where known, a user's cancel, and whether Slurm requeued the job after it
+    (``requeued_after``). Returns ``(failure, node)``: None for an attempt whose every rank returned. Pure."""
+    world = max((int(r.get("world_size") or 1) for r in ends), default=0)
+    returned = {r.get("rank") for r in ends if r.get("how") == RETURNED}
+    if world and returned >= set(range(world)) and not slurm_state:
+        return None, next((_node(r) for r in ends if r.get("rank") == 0), None)
+    events = sorted(ends, key=lambda r: (r["mtime"], r.get("rank", 0)))
+    raised = next((r for r in events if r.get("how") == RAISED), None)
+    stopped = [r for r in events if r.get("how") == STOPPED]
+    hang = hangs[0] if hangs else None
+    signal = next((str(s) for r in stopped for s in (r.get("signals") or [])), None)
+    preempting = any(r.get("preempting") for r in stopped)
+    detail = None
+    first = events[0] if events else None
+    node = _node(hang if hang is not None else raised if raised is not None else first)
+    if first is not None and first.get("how") == RETURNED:
+        detail = f"rank {first.get('rank')} returned at step {first.get('step')} while the others trained"
+    elif events and world and len({r.get("rank") for r in ends}) < world and hang is None and raised is None:
+        gone = sorted(set(range(world)) - {r.get("rank") for r in ends})
+        detail = f"rank {gone[0]} ended without a record (killed by a signal, or its process crashed)"
+    if signal == "SIGTERM" and requeued_after and raised is None and hang is None:
+        preempting, detail = True, "SIGTERM, then Slurm requeued the job"
+    ev = failures.Evidence(slurm_state=slurm_state, cancelled=cancelled, preempting=preempting,
+                           hang=fault_tolerance.describe_hang(hang) if hang is not None else None, signal=signal,
+                           detail=detail)
+    found = failures.classify(ev)
+    # the classes only records can tell (a rank's own exception) come after the scheduler's word and a hang
+    if raised is not None and found.kind in (failures.CRASH, failures.CANCELLED) and detail is None:
+        found = _rank_failure(raised)
+    elif raised is not None and detail is not None and found.kind == failures.CRASH:
+        found = failures.Failure(found.kind, f"{detail}; then {_rank_failure(raised).evidence}")
+    return found, node
+
+
+def attempts(launch: Path, slurm_state: str | None = None, running: bool = False) -> list[Attempt]:
+    """The ledger of the job's current launch, oldest attempt first. ``slurm_state``: sacct's final state of the
+    latest attempt (None: not on Slurm, or not final); ``running``: the latest attempt has not ended."""
+    launch = Path(launch)
+    current = read_run_id(launch)
+    ranks = launch / RANKS_DIR
+    ends = _read(ranks.glob("rank*.json"), current)
+    starts = {_key(r): r for r in _read(ranks.glob("start.*.json"), current)}
+    decisions = {_key(r): r for r in _read(ranks.glob("decision.*.json"), current)}
+    hangs = fault_tolerance.hangs(launch)
+    for h in hangs:
+        try:
+            h["mtime"] = fault_tolerance.hang_file(launch, int(h.get("rank", 0)), *reversed(_key(h))).stat().st_mtime
+        except OSError:
+            h["mtime"] = 0.0
+    keys = sorted({*starts, *(_key(r) for r in ends), *(_key(h) for h in hangs)})
+    cancelled = (launch / CANCELLED_MARK).exists()
+    runs = _run_states(starts)
+    out: list[Attempt] = []
+    for i, key in enumerate(keys):
+        mine = [r for r in ends if _key(r) == key]
+        hung = [h for h in hangs if _key(h) == key]
+        last = i == len(keys) - 1
+        if last and running:
+            failure, node = None, None
+            kind, evidence = RUNNING, "running"
+        else:
+            # an earlier Slurm run that the node's failure ended: Slurm's word, as for the last attempt's
+            run = runs.get(key[0]) if not last and not any(k[0] == key[0] for k in keys[i + 1:]) else None
+            died = run is not None and run[0] in NODE_STATES
+            failure, node = classify_attempt(mine, hung, slurm_state=slurm_state if last else
+                                             run[0] if died and run is not None else None,
+                                             cancelled=cancelled and last,
+                                             requeued_after=any(k[0] > key[0] for k in keys[i + 1:]))
+            kind, evidence = (COMPLETED, "every rank returned") if failure is None else (failure.kind,
+                                                                                         failure.evidence)
+            if died and run is not None and "," not in run[1] and "[" not in run[1]:
+                node = run[1]  # a one-node run: the node that failed
+        start = starts.get(key)
+        times = [float(r["mtime"]) for r in (*mine, *hung)]
+        steps = [int(r["step"]) for r in mine if isinstance(r.get("step"), int)]
+        steps += [int(h["completed_steps"]) for h in hung if isinstance(h.get("completed_steps"), int)]
+        resumed = [int(r["resumed"]) for r in mine if isinstance(r.get("resumed"), int)]
+        decided = decisions.get(key)
+        out.append(Attempt(requeue=key[0], restart=key[1], kind=kind, evidence=evidence,
+                           node=node or _node(start),
+                           start=float(start["mtime"]) if start else min(times, default=None),
+                           end=max(times, default=None) if kind != RUNNING else None,
+                           step=max(steps, default=None), resumed=min(resumed, default=None),
+                           decision=str(decided.get("why")) if decided else None,
+                           excluded=[str(n) for n in (decided or {}).get("excluded") or []]))
+    _losses(out)
+    return out
+
+
+def _losses(rows: list[Attempt]) -> None:
+    for i, a in enumerate(rows):
+        done = (a.step or 0) - (a.resumed or 0) if a.step is not None else 0
+        nxt = rows[i + 1] if i + 1 < len(rows) else None
+        if a.kind in (COMPLETED, RUNNING) or done <= 0:
+            a.steps_lost = 0
+        elif nxt is not None and nxt.resumed is not None and a.step is not None:
+            a.steps_lost = max(0, a.step - nxt.resumed)
+        elif nxt is None:  # a failed last attempt: nothing resumed its steps (yet)
+            a.steps_lost = done
+        if a.start is None or a.end is None or a.kind == RUNNING:
+            continue
+        wall = max(0.0, a.end - a.start)
+        if done <= 0:
+            a.seconds_lost = 0.0 if a.kind == COMPLETED else wall
+        elif a.steps_lost is not None:
+            a.seconds_lost = wall * min(a.steps_lost, done) / done
+
+
+def goodput(rows: tp.Sequence[Attempt]) -> float | None:
+    """Kept steps' wall time over the wall time since the first start (0..1), or None without times."""
+    starts = [a.start for a in rows if a.start is not None]
+    ends = [a.end for a in rows if a.end is not None]
+    if not starts or not ends or any(a.seconds_lost is None and a.kind != RUNNING for a in rows):
+        return None
+    total = max(ends) - min(starts)
+    if total <= 0:
+        return None
+    kept = sum(max(0.0, (a.end - a.start) - (a.seconds_lost or 0.0)) for a in rows
+               if a.start is not None and a.end is not None)
+    return round(min(1.0, kept / total), 3)
+
+
+def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
+    """The classes of the current launch's failed attempts before ``key`` ``(requeue, restart)``: what the
+    budget of :func:`automodel_hydra.failures.decide` counts."""
+    return [a.kind for a in attempts(launch) if (a.requeue, a.restart) < key
+            and a.kind not in (COMPLETED, RUNNING)]
+
+
+def summary(launch: Path, slurm_state: str | None = None, running: bool = False) -> dict[str, tp.Any]:
+    """``{"attempts": [...], "goodput": g, "excluded": [nodes]}`` for ``automodel-hydra status --json``
+    (``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`)."""
+    rows = attempts(launch, slurm_state, running)
+    return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows), "excluded": excluded(rows)}
+
+
+def excluded(rows: tp.Sequence[Attempt]) -> list[str]:
+    """Every node a requeue of the job excluded so far (``ExcNodeList`` only grows), sorted."""
+    return sorted({n for a in rows for n in a.excluded})

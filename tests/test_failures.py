@@ -1,0 +1,226 @@
+"""The class of every attempt's end and the budget per class, as pure logic: the classifier over evidence
+(automodel_hydra.failures.classify), the budget's decision (decide), the ledger read from records a job dir holds
+(automodel_hydra.ledger) and the Slurm requeue hook's plan (automodel_hydra.retry.plan). The real runs are in
+tests/test_failure_runs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import typing as tp
+from pathlib import Path
+
+import pytest
+
+from automodel_hydra import failures, ledger, outcome, retry
+from automodel_hydra.failures import Error, Evidence, Failure, FailureBudget
+from automodel_hydra.plan import JobSpec, write_run_id
+from automodel_hydra.schema import ConfigError
+from automodel_hydra.states import JobState
+
+
+def _err(*types: str, line: str = "") -> Error:
+    return Error((*types, "Exception", "BaseException", "object"), line or f"{types[0]}: x")
+
+
+@pytest.mark.parametrize(("evidence", "kind"), [
+    (Evidence(slurm_state="PREEMPTED"), failures.PREEMPTED),
+    (Evidence(signal="SIGTERM", preempting=True), failures.PREEMPTED),
+    (Evidence(slurm_state="TIMEOUT"), failures.TIME_LIMIT),
+    (Evidence(slurm_state="DEADLINE"), failures.TIME_LIMIT),
+    (Evidence(signal="SIGUSR2"), failures.TIME_LIMIT),
+    (Evidence(slurm_state="NODE_FAIL", errors=(_err("RuntimeError", line="RuntimeError: Connection closed by peer"),)),
+     failures.NODE_FAILURE),
+    (Evidence(slurm_state="BOOT_FAIL"), failures.NODE_FAILURE),
+    (Evidence(slurm_state="OUT_OF_MEMORY"), failures.OOM),
+    (Evidence(errors=(_err("RuntimeError", line="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),)),
+     failures.OOM),
+    (Evidence(errors=(_err("OutOfMemoryError", "RuntimeError"),), progressed=False), failures.OOM),
+    (Evidence(errors=(_err("MemoryError"),)), failures.OOM),
+    (Evidence(hang="rank 1 hung at step 5 on host n1"), failures.HANG),
+    (Evidence(errors=(_err("DistBackendError", "RuntimeError"),)), failures.COMM),
+    (Evidence(errors=(_err("RuntimeError", line="RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection "
+                                                "closed by peer [127.0.0.1]:4242"),)), failures.COMM),
+    (Evidence(errors=(_err("ValueError"),), progressed=False), failures.USER_ERROR),
+    (Evidence(errors=(_err("RuntimeError"), _err("ModuleNotFoundError", "ImportError"))), failures.USER_ERROR),
+    (Evidence(errors=(_err("ConfigValueError", "OmegaConfBaseException"),)), failures.USER_ERROR),
+    (Evidence(errors=(_err("ValueError"),)), failures.CRASH),
+    (Evidence(signal="SIGKILL"), failures.CRASH),
+    (Evidence(exit_code=1), failures.CRASH),
+    (Evidence(slurm_state="CANCELLED", signal="SIGTERM"), failures.CANCELLED),
+    (Evidence(cancelled=True, errors=(_err("ValueError"),)), failures.CANCELLED),
+    (Evidence(signal="SIGTERM"), failures.CANCELLED),
+])
+def test_the_classifier_names_each_class_from_its_evidence(evidence: Evidence, kind: str) -> None:
+    found = failures.classify(evidence)
+    assert found.kind == kind, (evidence, found)
+    assert found.evidence and "\n" not in found.evidence
+
+
+def test_real_torch_exceptions_are_classed() -> None:
+    import torch
+    import torch.distributed as dist
+
+    assert failures.of_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")).kind == "oom"
+    assert failures.of_exception(dist.DistBackendError("NCCL error in: ...")).kind == "comm"
+    wrapped = RuntimeError("step failed")
+    wrapped.__cause__ = MemoryError()
+    assert failures.of_exception(wrapped).line() == "oom: MemoryError"
+    assert failures.of_exception(ValueError("bad batch at step 1"), progressed=False).line() == (
+        "user_error: ValueError: bad batch at step 1 (before the first optimizer step)")
+
+
+def test_the_default_budget_retries_what_a_restart_may_fix() -> None:
+    budget = FailureBudget()
+    oom, user = Failure("oom", "MemoryError"), Failure("user_error", "ValueError: x")
+    assert failures.decide(oom, [], budget).why == "not retried: a restart repeats it (oom; failure_budget.oom=0)"
+    assert not failures.decide(user, [], budget).retry
+    crash = Failure("crash", "ValueError: x")
+    assert failures.decide(crash, [], budget).retry
+    assert not failures.decide(crash, ["crash"], budget).retry
+    comm = Failure("comm", "DistBackendError: x")
+    assert [failures.decide(comm, ["comm"] * n, budget).retry for n in range(5)] == [True, True, True, False, False]
+    # preemptions and time limits before spend nothing of the crash budget; neither is bounded here
+    assert failures.decide(crash, ["preempted", "time_limit", "preempted"], budget).retry
+    assert failures.decide(Failure("preempted", "x"), ["preempted"] * 9, budget).retry
+    assert not failures.decide(Failure("cancelled", "x"), [], budget).retry
+    assert failures.decide(oom, [], FailureBudget(oom=1)).retry
+
+
+def test_a_bad_budget_is_one_line_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"^failure_budget\.crash=-1 is invalid: a number of retries"):
+        FailureBudget(crash=-1)
+    from automodel_hydra import config
+    from tests.helpers import compose_cfg
+
+    with pytest.raises(ConfigError, match=r"failure_budget\.hang=-2"):
+        config.load(compose_cfg(["failure_budget.hang=-2"]))
+
+
+# ----------------------------------------------------------------------------------------------- the ledger
+
+
+def _job(tmp_path: Path) -> JobSpec:
+    job = JobSpec(tmp_path / "J", "train")
+    write_run_id(job, "this")
+    return job
+
+
+def _at(path: Path, t: float) -> None:
+    os.utime(path, (t, t))
+
+
+def _end(job: JobSpec, rank: int, how: str, step: int, at: float, *, restart: int = 0, requeue: int = 0,
+         resumed: int | None = None, failure: Failure | None = None, signals: tp.Sequence[str] = ()) -> None:
+    path = outcome.record_end(job.launch_dir, rank=rank, world_size=2, how=how, step=step, restart=restart,
+                              requeue=requeue, resumed=resumed, failure=failure, signals=signals,
+                              error=failure.evidence if failure else None)
+    _at(path, at)
+
+
+def _start(job: JobSpec, at: float, restart: int = 0, requeue: int = 0) -> None:
+    _at(ledger.record_start(job.launch_dir, restart, requeue), at)
+
+
+def test_the_ledger_has_every_attempt_its_class_losses_and_the_goodput(tmp_path: Path) -> None:
+    """Attempt 0 trains steps 1-10 in 100 s and is preempted (SIGTERM, then requeued); the requeued attempt resumes
+    from checkpoint 8, trains to 12 in 40 s and crashes; its restart resumes from 12 and completes at step 20 in
+    80 s. Lost: steps 9-10 (20 s) and nothing of the crash (checkpoint 12 kept all)."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    for rank in (0, 1):
+        _end(job, rank, outcome.STOPPED, 10, 1100, resumed=0, signals=["SIGTERM"])
+    _start(job, 1200, requeue=1)
+    _end(job, 1, outcome.RAISED, 12, 1240, requeue=1, resumed=8, failure=Failure("crash", "ValueError: bad batch"))
+    _end(job, 0, outcome.RAISED, 12, 1241, requeue=1, resumed=8,
+         failure=Failure("comm", "RuntimeError: Connection closed by peer"))
+    _start(job, 1250, restart=1, requeue=1)
+    for rank in (0, 1):
+        _end(job, rank, outcome.RETURNED, 20, 1330, restart=1, requeue=1, resumed=12)
+    rows = ledger.attempts(job.launch_dir)
+    assert [(a.requeue, a.restart, a.kind) for a in rows] == [(0, 0, "preempted"), (1, 0, "crash"),
+                                                              (1, 1, "completed")]
+    assert rows[1].evidence == "rank 1: ValueError: bad batch"  # the first rank to fail, not its peer
+    assert [a.steps_lost for a in rows] == [2, 0, 0]
+    assert [a.seconds_lost for a in rows] == [20.0, 0.0, 0.0]
+    assert ledger.goodput(rows) == round((100 - 20 + 41 + 80) / 330, 3)
+    assert ledger.failed_before(job.launch_dir, (1, 1)) == ["preempted", "crash"]
+    summary = ledger.summary(job.launch_dir)
+    assert [a["class"] for a in summary["attempts"]] == ["preempted", "crash", "completed"]
+    assert json.loads(json.dumps(summary)) == summary
+
+
+def test_an_error_before_the_first_step_loses_the_whole_attempt_and_names_its_class_in_the_line(
+        tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    _start(job, 1000)
+    _end(job, 0, outcome.RAISED, 0, 1030,
+         failure=Failure("user_error", "ValueError: no (before the first optimizer step)"))
+    _end(job, 1, outcome.RAISED, 0, 1031, failure=Failure("comm", "DistBackendError: peer gone"))
+    (rows,) = ledger.attempts(job.launch_dir)
+    assert (rows.kind, rows.steps_lost, rows.seconds_lost) == ("user_error", 0, 31.0)
+    assert ledger.goodput([rows]) == 0.0
+    verdict = outcome.derive(job, JobState.FAILED)
+    assert verdict.why is not None and verdict.why.startswith("user_error: rank 0: ValueError: no")
+
+
+def test_slurms_word_classes_the_last_attempt(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    _start(job, 1000)
+    (row,) = ledger.attempts(job.launch_dir, slurm_state="NODE_FAIL")  # the ranks were killed: no record
+    assert (row.kind, row.evidence) == ("node_failure", "Slurm state NODE_FAIL")
+    _end(job, 0, outcome.STOPPED, 3, 1010, signals=["SIGTERM"])
+    assert ledger.attempts(job.launch_dir, slurm_state="TIMEOUT")[0].kind == "time_limit"
+    assert ledger.attempts(job.launch_dir, slurm_state="CANCELLED")[0].kind == "cancelled"
+
+
+def test_an_earlier_run_slurm_says_ended_node_fail_is_a_node_failure(tmp_path: Path) -> None:
+    """Run 0 trained to step 4 on node1 and died with its node (no end record; Slurm requeued the job itself); the
+    requeued run's start record has sacct -D's word on run 0: the ledger classes it node_failure on node1, not a
+    crash of ranks gone without a record, and a later failure's budget counts it."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    path = ledger.record_start(job.launch_dir, 0, 1, environ={"SLURMD_NODENAME": "node2"})
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "slurm_runs": [["NODE_FAIL", "node1"], ["RUNNING", "node2"]]}))
+    _at(path, 1100)
+    _end(job, 0, outcome.RETURNED, 9, 1150, requeue=1)
+    _end(job, 1, outcome.RETURNED, 9, 1150, requeue=1)
+    first, second = ledger.attempts(job.launch_dir)
+    assert (first.kind, first.evidence, first.node) == ("node_failure", "Slurm state NODE_FAIL", "node1"), first
+    assert second.kind == "completed"
+    assert ledger.failed_before(job.launch_dir, (2, 0)) == ["node_failure"]
+
+
+# ----------------------------------------------------------------------------------------------- the requeue hook
+
+
+def _rows(*kinds: str) -> list[ledger.Attempt]:
+    return [ledger.Attempt(requeue=i, restart=0, kind=k, evidence=f"{k} evidence") for i, k in enumerate(kinds)]
+
+
+def test_the_requeue_hook_requeues_by_the_budget_and_leaves_slurms_classes_to_slurm() -> None:
+    budget = FailureBudget()
+    assert retry.plan(_rows("user_error"), budget, 0, 3, 1)[0] == retry.NOTHING
+    assert retry.plan(_rows("oom"), budget, 0, 3, 1)[2] == failures.Decision(
+        False, "not retried: a restart repeats it (oom; failure_budget.oom=0)")
+    assert retry.plan(_rows("crash"), budget, 0, 3, 1)[0] == retry.REQUEUE
+    assert retry.plan(_rows("preempted", "time_limit", "crash"), budget, 2, 3, 1)[0] == retry.REQUEUE
+    assert retry.plan(_rows("crash", "crash"), budget, 1, 3, 1)[0] == retry.NOTHING
+    action, _, decision = retry.plan(_rows("comm", "comm"), budget, 3, 3, 1)
+    assert action == retry.NOTHING and decision is not None and "slurm.max_requeues=3 spent" in decision.why
+    for kind in ("preempted", "time_limit", "cancelled", "completed"):
+        assert retry.plan(_rows(kind), budget, 0, 3, 143)[0] == retry.NOTHING
+    assert retry.plan([], budget, 0, 3, 0) == (retry.NOTHING, None, None)
+
+
+def test_the_blamed_node_is_excluded_while_the_partition_keeps_enough_nodes() -> None:
+    comm = ledger.Attempt(requeue=0, restart=0, kind="comm", evidence="x", node="n2")
+    assert retry.exclusions([comm], partition_nodes=4, job_nodes=2) == ["n2"]
+    assert retry.exclusions([comm], partition_nodes=2, job_nodes=2) == []  # the job would never start again
+    assert retry.exclusions([comm], partition_nodes=None, job_nodes=1) == []
+    earlier = ledger.Attempt(requeue=0, restart=0, kind="hang", evidence="x", node="n1", excluded=["n1"])
+    again = ledger.Attempt(requeue=1, restart=0, kind="hang", evidence="x", node="n3")
+    assert retry.exclusions([earlier, again], partition_nodes=4, job_nodes=1) == ["n1", "n3"]
+    crash = ledger.Attempt(requeue=1, restart=0, kind="crash", evidence="x", node="n3")
+    assert retry.exclusions([earlier, crash], partition_nodes=4, job_nodes=1) == ["n1"]  # a bug blames no node

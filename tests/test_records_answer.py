@@ -1,0 +1,47 @@
+"""What a job's own records say when its scheduler cannot tell: our cancel of a task Slurm keeps no record of, and
+a scheduler that could not be asked (pure: a job dir on disk; the real cases are in
+tests/test_slurm_cluster_faults.py and tests/test_slurm_tunnel_login.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from automodel_hydra import outcome
+from automodel_hydra.plan import JobSpec, write_run_id
+from automodel_hydra.states import JobState, StateInfo
+
+NOT_ASKED = StateInfo(JobState.UNKNOWN, "sacct on this machine exited 1: no slurm.conf", answered=False)
+
+
+def job_dir(tmp_path: Path, run_id: str = "launch-1", result: str | None = None) -> dict[str, object]:
+    job = JobSpec(tmp_path / "job", "train")
+    write_run_id(job, run_id)
+    if result is not None:
+        job.result_file.write_text(json.dumps({"step": 2, "loss": 1.0, "run_id": result}))
+    return {"job_dir": str(job.job_dir), "job_ids": ["7_0"], "backend": "slurm"}
+
+
+def test_a_cancel_we_sent_gives_cancelled_only_for_this_launch(tmp_path: Path) -> None:
+    record = job_dir(tmp_path)
+    assert outcome.state_info(record, StateInfo(JobState.UNKNOWN)).state is JobState.UNKNOWN
+    outcome.record_cancel(Path(str(record["job_dir"])), ["7_0"], JobState.PENDING)
+    info = outcome.state_info(record, StateInfo(JobState.UNKNOWN))
+    assert info == StateInfo(JobState.CANCELLED, "cancelled with automodel-hydra cancel while PENDING; the scheduler "
+                                                 "keeps no record of it")
+    assert outcome.state_info(record, StateInfo(JobState.RUNNING)).state is JobState.RUNNING  # the scheduler's word
+    write_run_id(JobSpec(Path(str(record["job_dir"])), "train"), "launch-2")  # launched again: not this launch's
+    assert outcome.state_info(record, StateInfo(JobState.UNKNOWN)).state is JobState.UNKNOWN
+
+
+def test_not_asked_shows_what_the_records_know_with_a_note(tmp_path: Path) -> None:
+    done = outcome.state_info(job_dir(tmp_path / "a", result="launch-1"), NOT_ASKED)
+    assert done.state is JobState.COMPLETED and not done.answered
+    assert done.reason == ("the scheduler could not be asked (sacct on this machine exited 1: no slurm.conf); its "
+                           "result of this launch is here")
+    earlier = outcome.state_info(job_dir(tmp_path / "b", result="launch-0"), NOT_ASKED)  # an earlier launch's
+    assert earlier.state is JobState.UNKNOWN and earlier.reason.endswith("no result of this launch here")
+    record = job_dir(tmp_path / "c")
+    outcome.record_cancel(Path(str(record["job_dir"])), ["7_0"], JobState.PENDING)
+    cancelled = outcome.state_info(record, NOT_ASKED)
+    assert cancelled.state is JobState.CANCELLED and cancelled.reason.startswith("the scheduler could not be asked")
