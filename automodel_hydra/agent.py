@@ -25,6 +25,8 @@ import traceback
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra.schema import USER_ERROR_EXIT
+
 #: The agents and their entry points (console scripts ``torchrun`` and ``ft_launcher``).
 AGENTS = {"torchrun": "torch.distributed.run", "ft_launcher": "nvidia_resiliency_ext.fault_tolerance.launcher"}
 
@@ -47,7 +49,7 @@ def main(args: tp.Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if args is None else args)
     if len(words) < 2 or words[1] not in AGENTS:
         print(f"usage: python -m automodel_hydra.agent LAUNCH_DIR {{{'|'.join(AGENTS)}}} ARGS...", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     launch_dir, agent, rest = words[0], words[1], words[2:]
     quiet.install()  # before torch: its import prints dependencies' lines that tell the user nothing
     path = log_file(launch_dir)

@@ -40,6 +40,7 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra.plan import CALL_ERROR_FILE, CALL_RESULT_FILE, read_run_id
+from automodel_hydra.schema import USER_ERROR_EXIT
 
 log = logging.getLogger("automodel_hydra.call")
 
@@ -181,7 +182,7 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m automodel_hydra.call <job dir>/launch/call.pkl", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     return run(Path(args[0]))
 
 

@@ -32,9 +32,10 @@ import time
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra import records as run_records
 from automodel_hydra import version_line
-from automodel_hydra.plan import JOB_FILE, LAUNCH_DIR, MANIFEST_FILE, RECORD_FILE, RESULT_FILE, launch_dir
-from automodel_hydra.schema import UserError
+from automodel_hydra.plan import JOB_FILE, LAUNCH_DIR, RESULT_FILE, launch_dir
+from automodel_hydra.schema import USER_ERROR_EXIT, UserError
 from automodel_hydra.states import JobState
 from automodel_hydra.stops import CTRL_C_EXIT
 
@@ -61,13 +62,7 @@ class CliError(UserError):
 def load_records(path: str | Path) -> list[Record]:
     """The submission records of a run or sweep dir, ordered by job number."""
     root = Path(path)
-    manifest, single = launch_dir(root) / MANIFEST_FILE, launch_dir(root) / RECORD_FILE
-    if manifest.is_file():
-        records = json.loads(manifest.read_text())["jobs"]
-    elif single.is_file():
-        records = [json.loads(single.read_text())]
-    else:
-        records = [json.loads(p.read_text()) for p in root.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}")]
+    records = run_records.load(root)
     if not records:
         raise CliError(f"{root} holds no launch/manifest.json, launch/submission.json or */launch/submission.json: "
                        "not a run or sweep dir of automodel-hydra (or nothing was submitted there yet)")
@@ -108,15 +103,6 @@ class RunDir:
     mtime: float
 
 
-def _launch_record(d: Path, sweep: bool) -> float | None:
-    """mtime of ``d``'s launch record (a sweep without a manifest: its newest job record), None without one."""
-    paths = [launch_dir(d) / MANIFEST_FILE, launch_dir(d) / RECORD_FILE]
-    if sweep:
-        paths += list(d.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}"))
-    times = [p.stat().st_mtime for p in paths if p.is_file()]
-    return max(times) if times else None
-
-
 def find_runs(base: str | Path = ".") -> list[RunDir]:
     """Run and sweep dirs under ``base``/outputs and ``base``/multirun, newest first.
 
@@ -128,9 +114,9 @@ def find_runs(base: str | Path = ".") -> list[RunDir]:
         stack = [(Path(base).resolve() / top, 0)]
         while stack:
             d, depth = stack.pop()
-            sweep = (d / "multirun.yaml").is_file() or (launch_dir(d) / MANIFEST_FILE).is_file()
+            sweep = (d / "multirun.yaml").is_file() or run_records.is_sweep_dir(d)
             if sweep or launch_dir(d).is_dir() or (d / ".hydra").is_dir():
-                mtime = _launch_record(d, sweep)
+                mtime = run_records.newest_record_mtime(d, sweep)
                 if mtime is not None:
                     found.append(RunDir(d, sweep, mtime))
                 continue
@@ -171,10 +157,14 @@ def _console() -> tp.Any:
 def job_ids(record: Record) -> list[str]:
     """The job's ids: the record's, or (a local job, whose pid is written just after its record) its reference's."""
     ids = [str(i) for i in record.get("job_ids") or []]
-    if not ids and record.get("backend") == "interactive":
+    if not ids:
         from automodel_hydra import backends
 
-        ids = list(getattr(backends.get("interactive").ref_from_record(record), "ids", None) or [])
+        try:
+            impl = backends.get(str(record.get("backend")))
+            ids = [str(i) for i in getattr(impl.ref_from_record(record), "ids", None) or [] if i]
+        except Exception:  # a record of no backend of ours, or one it cannot read: it has the ids it has
+            return []
     return ids
 
 
@@ -437,7 +427,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     refusal = resume.refusal(root)
     if refusal is not None:
         raise CliError(refusal)
-    definition = tp.cast(resume.Definition, resume.recorded_definition(resume.read_manifest(root)))
+    definition = tp.cast(resume.Definition, resume.recorded_definition(run_records.read_manifest(root)))
     if not Path(definition.cwd).is_dir():
         raise CliError(f"{root}: the sweep was launched from {definition.cwd}, which is gone; run its command "
                        f"again from where its config is: {' '.join(resume.command(definition, root))}")
@@ -446,7 +436,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from automodel_hydra import backends, outcome
+    from automodel_hydra import backends
     from automodel_hydra.progress import backend_states
 
     status = 0
@@ -465,7 +455,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             continue
         impl.cancel([ref])
         if job_ids(rec):  # what we sent is known, whether or not the scheduler keeps a record of it
-            outcome.record_cancel(Path(rec["job_dir"]), job_ids(rec), state)
+            run_records.write_cancel(launch_dir(rec["job_dir"]), job_ids(rec), state, by="automodel-hydra cancel")
         print(f"{what}: was {state.value}, cancel requested")
     return status
 
@@ -854,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as e:  # CliError, and a backend's PreflightError (no sacct here, say)
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     except BrokenPipeError:  # `automodel-hydra status DIR | head`
         sys.stderr.close()
         return 0
@@ -874,7 +864,7 @@ def launch_file(args: list[str]) -> int:
         args = argv.from_automodel_cli(args)
     except argv.UsageError as e:  # a missing file included (argv.NoConfigFile)
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     os.execv(sys.executable, [sys.executable, "-m", "automodel_hydra.train", *args])
 
 

@@ -28,16 +28,14 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from automodel_hydra import backends, config, errors, paths, profile, stops, sweep_policy, yaml11
+from automodel_hydra import backends, config, errors, paths, profile, records, stops, sweep_policy, yaml11
 from automodel_hydra.plan import (
-    MANIFEST_FILE,
     Backend,
     JobFailedError,
     JobResult,
     JobSpec,
     JobStoppedError,
     Plan,
-    PreflightError,
     SchedulerUnreachable,
     Submission,
     SubmitError,
@@ -46,11 +44,10 @@ from automodel_hydra.plan import (
     render_files,
     stable_tracker_id,
     stop_line,
-    write_record,
     write_run_id,
     write_tracker_id,
 )
-from automodel_hydra.schema import ConfigError, UserError
+from automodel_hydra.schema import USER_ERROR_EXIT, ConfigError, UserError
 from automodel_hydra.sections import LAUNCHER_SECTIONS, selected_by
 from automodel_hydra.states import JobState
 
@@ -183,11 +180,11 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
     jobs = [dataclasses.replace(p, job=dataclasses.replace(
         p.job, code_dir=code_dir(p.job, sweep_dir), tracker_id=stable_tracker_id(p.job.launch_dir),
         tracker_group=group if p.job.job_num is not None else None)) for p in jobs]
-    warn_shell_tracker_id(jobs)
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
         by_backend.setdefault(p.cfg.backend, []).append(i)
     impls = {name: backends.get(name) for name in by_backend}
+    warn_shell_tracker_id(jobs, impls)
     checked: set[str] = set()
     for p in jobs:
         check_recipe(p.cfg, checked, impls[p.cfg.backend].ranks_see_local_files(p.cfg))
@@ -206,16 +203,17 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         if needed is not None and any(not plans[i].wait for i in idx):
             key, waits = impl.wait_setting or (name, True)
             raise ConfigError(key, not waits, f"it must be {str(waits).lower()} here, since {needed}")
-    refuse_if_busy([p.job for p in jobs])
+    records.refuse_if_busy([p.job for p in jobs])
     kept: dict[int, JobResult] = {}
     for i, p in enumerate(jobs):
-        here = impls[p.cfg.backend].ranks_see_local_files(p.cfg)
+        impl = impls[p.cfg.backend]
+        here = impl.ranks_see_local_files(p.cfg)
         refuse_finished_resume(p, here)
         earlier = kept_result(p, here)
         if earlier is not None:
             kept[i] = earlier
         warning = profile.long_run_warning(p.cfg.profile.nsys, p.cfg.step_scheduler.max_steps,
-                                           p.cfg.slurm.time_minutes if p.cfg.slurm is not None else None)
+                                           impl.time_limit_minutes(p.cfg))
         if warning:
             log.warning(warning)
     dry = all(p.dry_run for p in jobs)
@@ -263,15 +261,17 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         for batch in groups:
             for sub in impls[name].submit(batch):
                 subs[sub.plan.job.job_dir] = sub
-                write_record(sub)
+                records.write_record(sub)
                 _announce(sub)
     for o in outcomes:
         o.sub = subs.get(o.prepared.job.job_dir)
     if sweep_dir is not None and subs:
-        write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None],
-                       {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
-                                             "paths": {k: str(v) for k, v in written(p)}} for p in jobs},
-                       definition)
+        from automodel_hydra import resume
+
+        records.write_manifest(sweep_dir, [o.sub for o in outcomes if o.sub is not None],
+                               {str(p.job.job_dir): {"checkpoint_dir": str(checkpoint_path(p)),
+                                                     "paths": {k: str(v) for k, v in written(p)}} for p in jobs},
+                               resume.manifest_fields(definition) if definition is not None else None)
     try:
         with stops.stop_signals():
             _wait(outcomes, impls, max_failures, sweep_dir)
@@ -281,14 +281,14 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
     return outcomes
 
 
-def warn_shell_tracker_id(jobs: tp.Sequence[Prepared]) -> None:
-    """One warning when this shell has ``WANDB_RUN_ID`` and a job does not choose its run itself: each job logs to
-    its own W&B run (``launch/tracker_id``, :func:`automodel_hydra.plan.tracker_env`), so a leftover export never
-    merges jobs, sweep members included, into one run."""
+def warn_shell_tracker_id(jobs: tp.Sequence[Prepared], impls: tp.Mapping[str, Backend[tp.Any, tp.Any, tp.Any]]
+                          ) -> None:
+    """One warning when this shell has ``WANDB_RUN_ID`` and a job does not choose its run itself (``env_set``, or
+    its backend's :meth:`~automodel_hydra.plan.Backend.env_vars`): each job logs to its own W&B run
+    (``launch/tracker_id``, :func:`automodel_hydra.plan.tracker_env`), so a leftover export never merges jobs, sweep
+    members included, into one run."""
     def chooses(p: Prepared) -> bool:
-        launcher = p.cfg.slurm or p.cfg.skypilot
-        return any(k == "WANDB_RUN_ID" for k, _ in p.job.env) or "WANDB_RUN_ID" in (
-            getattr(launcher, "env_vars", None) or {})
+        return any(k == "WANDB_RUN_ID" for k, _ in p.job.env) or "WANDB_RUN_ID" in impls[p.cfg.backend].env_vars(p.cfg)
 
     shell = os.environ.get("WANDB_RUN_ID")
     if not shell or all(chooses(p) for p in jobs):
@@ -341,7 +341,7 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
         for o, state in zip(group, states):
             if o.result is not None and o.result.state is JobState.COMPLETED:
                 continue  # it had finished before the signal
-            if (name == "interactive" and str(o.prepared.job.job_dir) in stop.results) or state.final:
+            if str(o.prepared.job.job_dir) in stop.results or state.final:  # stopped by its backend's wait
                 how = o.result.stop if o.result is not None else None
                 stopped.append(f"{o.name} ({stop.how}{': ' + how if how else ''})")
                 stopped_jobs.append(o)
@@ -359,7 +359,7 @@ def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
 
     if not jobs:
         return "no checkpoint"
-    if any(p.cfg.skypilot is not None for p in jobs):
+    if not all(backends.get(p.cfg.backend).ranks_write_job_dir for p in jobs):  # on their own nodes or bucket
         return "checkpoints: in the job's bucket or on its cluster (launch/sky_task.yaml, file_mounts)"
     if not all(p.cfg.bundled for p in jobs):
         return "checkpoints: where the recipe's checkpoint section puts them"
@@ -376,12 +376,13 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     model the ranks load can be fetched where they run, when that is this machine's filesystem (``here``: the
     backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`; SkyPilot nodes and containers fetch on
     their own). A ``_target_`` (or the recipe itself) that does not import on this machine is checked here only when
-    the ranks are this machine's processes (``interactive``); for any other launcher it is left to the ranks, which
-    import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a CPU login node).
+    the ranks are this machine's processes (the backend's ``ranks_import_here``); for any other launcher it is left to
+    the ranks, which import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a
+    CPU login node).
     Raises ValueError with one line."""
     from automodel_hydra import automodel_files, recipes
 
-    ranks_here = cfg.backend == "interactive"  # the ranks import in this very environment
+    ranks_here = backends.get(cfg.backend).ranks_import_here  # the ranks import in this very environment
     if not cfg.bundled:
         target = recipes.recipe_target(cfg.recipe)
         if target is not None and target not in seen:
@@ -428,10 +429,11 @@ def checkpoint_path(p: Prepared) -> Path:
 
 
 def written(p: Prepared) -> list[tuple[str, Path]]:
-    """The dirs the job writes (:func:`automodel_hydra.paths.written_dirs`); a SkyPilot job's recipe dirs are on
-    its own nodes or in its own bucket prefix, so only its job dir counts here."""
+    """The dirs the job writes (:func:`automodel_hydra.paths.written_dirs`); a job whose ranks write on their own
+    nodes or bucket prefix (its backend's ``ranks_write_job_dir`` is False: SkyPilot) shares no recipe dir with
+    another, so only its job dir counts here."""
     found = paths.written_dirs(p.cfg, p.job.job_dir)
-    return found[:1] if p.cfg.skypilot is not None else found
+    return found if backends.get(p.cfg.backend).ranks_write_job_dir else found[:1]
 
 
 def refuse_shared_paths(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> None:
@@ -442,13 +444,8 @@ def refuse_shared_paths(jobs: tp.Sequence[Prepared], sweep_dir: Path | None) -> 
     sweep = [p for p in jobs if p.job.job_num is not None]
     if not sweep:
         return
-    earlier: dict[str, dict[str, str]] = {}
-    if sweep_dir is not None:
-        try:
-            records = json.loads((launch_dir(sweep_dir) / MANIFEST_FILE).read_text())["jobs"]
-            earlier = {r["job_dir"]: r["paths"] for r in records if isinstance(r.get("paths"), dict)}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    earlier = {str(r.get("job_dir")): r["paths"] for r in records.manifest_jobs(sweep_dir)
+               if isinstance(r.get("paths"), dict)} if sweep_dir is not None else {}
     paths.refuse_shared([(p.job.job_num, p.job.job_dir, written(p)) for p in sweep], earlier)
 
 
@@ -541,71 +538,14 @@ def _wait(outcomes: list[Outcome], impls: tp.Mapping[str, Backend[tp.Any, tp.Any
     if not waited:
         return
     watched = [o.sub for o in waited if o.sub is not None and not impls[o.prepared.cfg.backend].stops_after_failures]
-    with sweep_progress([o.sub for o in waited if o.sub is not None]), \
+    poll_s = min(impls[o.prepared.cfg.backend].poll_s for o in waited)
+    with sweep_progress([o.sub for o in waited if o.sub is not None], poll_s=poll_s), \
             sweep_policy.watch(watched, impls, max_failures, sweep_dir):
         for name, impl in impls.items():
             mine = [o for o in waited if o.prepared.cfg.backend == name]
             if mine:
                 for o, result in zip(mine, impl.wait([o.sub for o in mine if o.sub is not None])):
                     o.result = result
-
-
-def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
-    """Refuse a job dir whose earlier job has not finished, on any backend (a pending Slurm job, a SkyPilot job,
-    a local run), before anything in it is rewritten: one state query per backend for all of ``jobs`` (one
-    ``sacct`` for a relaunched 1000-job sweep). Raises PreflightError naming the dir, the job and the fix."""
-    from automodel_hydra.backends.interactive import job_running
-
-    earlier: dict[str, list[tuple[JobSpec, dict[str, tp.Any]]]] = {}
-    for job in jobs:
-        if job_running(job.job_dir):
-            raise PreflightError(f"{job.job_dir} is in use by a running job; wait for it, cancel it "
-                                 f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir")
-        try:
-            record = json.loads(job.record_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("backend") != "interactive":  # the run lock above is the whole truth for local jobs
-            earlier.setdefault(record["backend"], []).append((job, record))
-    for name, held in earlier.items():
-        impl = backends.get(name)
-        try:
-            infos = impl.states([impl.ref_from_record(record) for _, record in held])
-        except Exception:
-            continue
-        for (job, record), info in zip(held, infos):
-            if info.state in (JobState.PENDING, JobState.RUNNING):
-                raise PreflightError(f"{job.job_dir} holds {name} job {','.join(record.get('job_ids') or [])}, "
-                                     f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
-                                     f"{job.job_dir}), or choose another hydra.run.dir")
-
-
-def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
-                   extra: tp.Mapping[str, tp.Mapping[str, tp.Any]] | None = None, definition: tp.Any = None) -> Path:
-    """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
-    records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
-    ``automodel-hydra status|logs|cancel|report|resume``; ``definition`` (:class:`automodel_hydra.resume.Definition`)
-    joins the sweep's recorded one (:func:`automodel_hydra.resume.merged`)."""
-    from automodel_hydra import resume
-
-    path = launch_dir(sweep_dir) / MANIFEST_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    jobs: dict[str, dict[str, tp.Any]] = {}
-    data: dict[str, tp.Any] = {}
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            jobs = {r["job_dir"]: r for r in data["jobs"]}
-        except (ValueError, KeyError, TypeError):
-            data, jobs = {}, {}
-    jobs.update({str(s.plan.job.job_dir): {**s.record(), **(extra or {}).get(str(s.plan.job.job_dir), {})}
-                 for s in subs})
-    out: dict[str, tp.Any] = {"jobs": list(jobs.values())}
-    if definition is not None or isinstance(data.get(resume.DEFINITION_KEY), dict):
-        out[resume.DEFINITION_KEY] = (resume.merged(data.get(resume.DEFINITION_KEY), definition)
-                                      if definition is not None else data[resume.DEFINITION_KEY])
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    return path
 
 
 def current_umask() -> int:
@@ -677,7 +617,7 @@ def one_line(error: BaseException) -> str:
 def fail(message: str) -> tp.NoReturn:
     """Exit with a one-line error (no traceback) for mistakes the user can fix."""
     print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(USER_ERROR_EXIT)
 
 
 #: What goes wrong while submitting or running after every check passed (sbatch refused the job, the job dir is
@@ -780,8 +720,8 @@ def run_as_rank(cfg: DictConfig, launched_by: str) -> tp.Any:
     except USER_ERRORS as e:
         fail(one_line(e))
     job = prepared.job
-    if prepared.cfg.backend != "interactive":
-        log.warning(f"{prepared.cfg.backend}: section not used: {launched_by} started this job; its own options "
+    for section in (s for s in LAUNCHER_SECTIONS if getattr(prepared.cfg, s, None) is not None):
+        log.warning(f"{section}: section not used: {launched_by} started this job; its own options "
                     "(hydra.launcher.*) say where and how many ranks run")
     job.launch_dir.mkdir(parents=True, exist_ok=True)
     tmp = job.launch_dir / f".job.yaml.{os.getpid()}"

@@ -40,7 +40,7 @@ import typing as tp
 import warnings
 from pathlib import Path
 
-from automodel_hydra.schema import ConfigError
+from automodel_hydra.schema import USER_ERROR_EXIT, ConfigError
 
 #: A section with at most this many keys has them all listed after an unknown key.
 SHORT_SECTION = 16
@@ -356,7 +356,7 @@ def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None)
                     "hydra.job.name)")
         if line is not None:
             print(f"error: {line}", file=sys.stderr)
-            raise SystemExit(2) from None
+            raise SystemExit(USER_ERROR_EXIT) from None
         from hydra.errors import CompactHydraException
 
         if isinstance(e, CompactHydraException):

@@ -33,7 +33,8 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra import failures, fault_tolerance
-from automodel_hydra.plan import CANCELLED_MARK, attempt_name, read_run_id
+from automodel_hydra.plan import attempt_name, read_run_id
+from automodel_hydra.records import read_cancel
 
 #: Where the ranks' records go, under the job's ``launch/`` dir (end records: :mod:`automodel_hydra.outcome`).
 RANKS_DIR = "ranks"
@@ -229,7 +230,7 @@ def attempts(launch: Path, slurm_state: str | None = None, running: bool = False
         except OSError:
             h["mtime"] = 0.0
     keys = sorted({*starts, *(_key(r) for r in ends), *(_key(h) for h in hangs)})
-    cancelled = (launch / CANCELLED_MARK).exists()
+    cancelled = read_cancel(launch) is not None
     runs = _run_states(starts)
     out: list[Attempt] = []
     for i, key in enumerate(keys):

@@ -19,8 +19,8 @@ terminal went away exits non-zero for a job whose ranks all finished. So:
   others trained; then rank 0: RuntimeError: ...`` (:func:`explain`).
 
 This module imports only the standard library, :mod:`automodel_hydra.plan`, :mod:`automodel_hydra.states`,
-:mod:`automodel_hydra.fault_tolerance` and :mod:`automodel_hydra.ledger`, so the worker, every backend and the CLI
-use it.
+:mod:`automodel_hydra.fault_tolerance`, :mod:`automodel_hydra.ledger` and :mod:`automodel_hydra.records`, so the
+worker, every backend and the CLI use it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import socket
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra import fault_tolerance, ledger
+from automodel_hydra import fault_tolerance, ledger, records
 from automodel_hydra.ledger import RAISED, RANKS_DIR, RETURNED, STOPPED
 from automodel_hydra.plan import (
     CALL_FILE,
@@ -257,47 +257,16 @@ def first_traceback(job: JobSpec, stamps: tp.Mapping[str, tuple[int, int]] | Non
 _RECORD_FRAME = "/torch/distributed/elastic/multiprocessing/errors/__init__.py"
 
 
-#: Our own cancel of a job, under its ``launch/`` dir (:func:`record_cancel`).
-CANCEL_FILE = "cancel.json"
-
-
-def record_cancel(job_dir: Path, job_ids: tp.Sequence[str], state: JobState, by: str = "automodel-hydra cancel"
-                  ) -> Path:
-    """Record that we (``by``: ``automodel-hydra cancel``, or a sweep's ``max_failures`` stop) sent the scheduler a
-    cancel of ``job_ids`` while the job was in ``state``, with this launch's id (``launch/run_id``): Slurm keeps no
-    record of a pending array task cancelled before it started (neither sacct nor squeue lists it again), so what
-    we sent is what is known. Written atomically; a later launch of the dir (another run id) is not covered by it."""
-    path = launch_dir(job_dir) / CANCEL_FILE
-    tmp = path.with_name(f".{CANCEL_FILE}.{os.getpid()}")
-    run_id = read_run_id(launch_dir(job_dir))
-    tmp.write_text(json.dumps({"job_ids": list(job_ids), "was": state.value, "run_id": run_id, "by": by}))
-    os.replace(tmp, path)
-    return path
-
-
-def cancelled_by_us(job_dir: Path, job_ids: tp.Sequence[str]) -> str | None:
-    """The state our cancel record gives ``job_ids`` of this launch (:func:`record_cancel`): the note for a job the
-    scheduler cannot tell about, or None when this launch sent no cancel of them."""
-    try:
-        rec = json.loads((launch_dir(job_dir) / CANCEL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if rec.get("run_id") != read_run_id(launch_dir(job_dir)) or not set(job_ids) <= set(rec.get("job_ids") or ()):
-        return None
-    return (f"cancelled with {rec.get('by') or 'automodel-hydra cancel'} while {rec.get('was', 'PENDING')}; the "
-            "scheduler keeps no record of it")
-
-
 def state_info(record: tp.Mapping[str, tp.Any], info: StateInfo, ranks_write_job_dir: bool = True) -> StateInfo:
     """A submitted job's state as ``automodel-hydra status``, ``runs`` and a sweep's counts show it: the backend's
     ``info`` read through :func:`derive` where the job's ranks write their records into its dir here
     (``ranks_write_job_dir``, the backend's :attr:`~automodel_hydra.plan.Backend.ranks_write_job_dir`; a remote
     Slurm job's are copied back first), with the explanation as the note. A job the scheduler no longer knows
-    (UNKNOWN) that this launch cancelled is CANCELLED (:func:`cancelled_by_us`)."""
+    (UNKNOWN) that this launch cancelled is CANCELLED (:func:`automodel_hydra.records.cancel_note`)."""
     job_dir = Path(str(record["job_dir"]))
     if info.state is JobState.UNKNOWN:
         ids = [str(i) for i in record.get("job_ids") or ()]
-        note = cancelled_by_us(job_dir, ids) if ids else None
+        note = records.cancel_note(job_dir, ids) if ids else None
         if note and not info.answered:
             return StateInfo(JobState.CANCELLED, f"the scheduler could not be asked ({info.reason}); {note}", False)
         info = StateInfo(JobState.CANCELLED, note) if note else info

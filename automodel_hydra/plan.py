@@ -17,7 +17,8 @@ A launch goes through these steps, in this order, for one job or a whole sweep (
 5. ``wait(subs)``, ``states(refs)`` (batched: one scheduler query for any number of jobs), ``cancel(refs)``.
 
 Job references are typed per backend (a Slurm job id, a SkyPilot managed job or cluster job, a local job dir)
-and saved as ``launch/submission.json``; ``ref_from_record`` reads them back for ``automodel-hydra``.
+and saved as ``launch/submission.json`` (:mod:`automodel_hydra.records`); ``ref_from_record`` reads them back for
+``automodel-hydra``.
 """
 
 from __future__ import annotations
@@ -44,16 +45,11 @@ if tp.TYPE_CHECKING:
 LAUNCH_DIR = "launch"
 #: The rank-side spec every rank reads (``launch/job.yaml``).
 JOB_FILE = "job.yaml"
-#: A local job's run lock (``flock``, held by its processes), its torchrun group's pid, and the mark a cancel
-#: leaves (torchrun exits 1 on SIGTERM; the mark tells a cancelled job from a failed one).
-LOCK_FILE = "lock"
+#: A local job's torchrun group's pid. (The run dir's records, the run lock and a cancel's record are
+#: :mod:`automodel_hydra.records`'.)
 PID_FILE = "pid"
-CANCELLED_MARK = "cancelled"
 #: The file rank 0 writes when a job completes (its final metrics); its presence means "completed".
 RESULT_FILE = "result.json"
-#: The job's submission record, and a sweep's list of them.
-RECORD_FILE = "submission.json"
-MANIFEST_FILE = "manifest.json"
 #: A call job's pickled Hydra call (``launch/call.pkl``) and the pickled JobReturn its process writes back: as
 #: ``call_result.pkl`` when the task function returned (its presence means "completed", as ``result.json``'s does),
 #: as ``call_error.pkl`` when it raised.
@@ -143,23 +139,9 @@ class JobSpec:
         return self.launch_dir / CALL_ERROR_FILE
 
     @property
-    def record_file(self) -> Path:
-        return self.launch_dir / RECORD_FILE
-
-    @property
-    def lock_file(self) -> Path:
-        """A local job's run lock (``launch/lock``)."""
-        return self.launch_dir / LOCK_FILE
-
-    @property
     def pid_file(self) -> Path:
         """A local job's torchrun group pid (``launch/pid``)."""
         return self.launch_dir / PID_FILE
-
-    @property
-    def cancelled_mark(self) -> Path:
-        """What a cancel of a local job leaves (``launch/cancelled``)."""
-        return self.launch_dir / CANCELLED_MARK
 
     @property
     def run_id_file(self) -> Path:
@@ -384,9 +366,22 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     #: whether the backend starts a batch's members itself and honours ``Batch.max_failures`` as they end (the
     #: local queue); else the waiting side cancels what is still pending (:func:`automodel_hydra.sweep_policy.watch`)
     stops_after_failures: tp.ClassVar[bool] = False
-    #: whether the ranks' records (``result.json``, ``launch/ranks/``, error files) are in the job dir here (a local
-    #: job; a Slurm job's, shared or copied back), for :mod:`automodel_hydra.outcome`; False: on their nodes (SkyPilot)
+    #: whether the ranks write on this machine's filesystem or one it shares (a local job; a Slurm job's, shared or
+    #: copied back): their records (``result.json``, ``launch/ranks/``, error files) are in the job dir here, for
+    #: :mod:`automodel_hydra.outcome`, its checkpoints are where the stop line looks, and two jobs of a sweep that
+    #: name one dir would write the same files; False: each job writes on its own nodes or bucket prefix (SkyPilot)
     ranks_write_job_dir: tp.ClassVar[bool] = True
+    #: whether the jobs' processes hold their dir's run lock (:func:`automodel_hydra.records.take_lock`) for as long
+    #: as they can still start or run (a local job), so that a free lock says the job is over and its scheduler is not
+    #: asked before the dir is reused (:func:`automodel_hydra.records.refuse_if_busy`); else :meth:`states` is
+    holds_run_lock: tp.ClassVar[bool] = False
+    #: whether the ranks are this machine's processes in this very Python environment (torchrun here), so that what
+    #: they import (the recipe, a ``_target_``) is checked here before anything starts; else the ranks import it
+    #: first thing where they run, and fail in one line naming the key (``driver.check_recipe``)
+    ranks_import_here: tp.ClassVar[bool] = False
+    #: seconds between two polls of the jobs' states while a sweep of them is waited for (its progress line:
+    #: :func:`automodel_hydra.progress.sweep_progress`); a scheduler is asked less often than local processes
+    poll_s: tp.ClassVar[float] = 15.0
 
     @abc.abstractmethod
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
@@ -401,6 +396,16 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     @abc.abstractmethod
     def plan(self, cfg: TrainConfig, job: JobSpec, facts: FactsT | None = None) -> Plan[RequestT]:
         """Plan one job (pure). Raises ConfigError naming the key when a value cannot be planned."""
+
+    def time_limit_minutes(self, cfg: TrainConfig) -> int | None:
+        """The job's wall-clock limit in minutes (Slurm's ``--time``, sbatch(1)), for the warnings that compare it
+        with the work asked (a long profile); None where the launcher sets none (default)."""
+        return None
+
+    def env_vars(self, cfg: TrainConfig) -> tp.Mapping[str, str]:
+        """The variables the job's launcher section gives every rank as the user wrote them (``slurm.env_vars``,
+        ``skypilot.env_vars``), to tell whether the job chooses one itself; {} where it has none (default)."""
+        return {}
 
     @abc.abstractmethod
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
@@ -424,7 +429,10 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
 
     @abc.abstractmethod
     def wait(self, subs: tp.Sequence[Submission[RefT]]) -> list[JobResult]:
-        """Block until every job has a final state; one result per submission, in order."""
+        """Block until every job has a final state; one result per submission, in order. A backend whose jobs are
+        this command's processes stops them on a stop signal (KeyboardInterrupt, :class:`~automodel_hydra.stops.
+        StopRequested`) and re-raises it as a StopRequested whose ``results`` say, per job dir, how each ended; one
+        whose jobs keep running without this command lets the signal through (the stop line then says they run)."""
 
     @abc.abstractmethod
     def states(self, refs: tp.Sequence[RefT]) -> list[StateInfo]:
@@ -588,11 +596,3 @@ def first_error(job: JobSpec, before: tp.Mapping[str, tuple[int, int]] | None = 
         return None
     _, _, rank_n, first, path = min(found)
     return path, rank_n, first
-
-
-def write_record(sub: Submission[tp.Any]) -> Path:
-    """Save ``sub.record()`` as ``launch/submission.json``."""
-    path = sub.plan.job.record_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sub.record(), indent=2) + "\n")
-    return path

@@ -22,8 +22,8 @@ from automodel_hydra.states import JobState, StateInfo
 if tp.TYPE_CHECKING:
     from automodel_hydra.plan import Submission
 
-#: Seconds between two polls of the job states, per backend (Slurm and SkyPilot are asked less often).
-POLL_S = {"interactive": 1.0}
+#: Seconds between two polls of the job states, unless the caller gives its backends'
+#: (:attr:`automodel_hydra.plan.Backend.poll_s`: a scheduler is asked less often than local processes).
 DEFAULT_POLL_S = 15.0
 
 
@@ -91,14 +91,14 @@ def sweep_progress(subs: tp.Sequence[Submission[tp.Any]], *, tty: bool | None = 
     ----------
     subs: the submissions being waited for.
     tty: force the live rich bar (True) or plain lines (False); None = ``sys.stderr.isatty()``.
-    poll_s: seconds between polls (at least 4x the time a poll took); None = :data:`POLL_S` of the first job's
-        backend.
+    poll_s: seconds between polls (at least 4x the time a poll took); None = :data:`DEFAULT_POLL_S` (the driver
+        gives its backends' :attr:`~automodel_hydra.plan.Backend.poll_s`).
     """
     if len(subs) < 2:
         yield
         return
     tty = sys.stderr.isatty() if tty is None else tty
-    poll_s = poll_s if poll_s is not None else POLL_S.get(subs[0].plan.backend, DEFAULT_POLL_S)
+    poll_s = poll_s if poll_s is not None else DEFAULT_POLL_S
     stop = threading.Event()
     progress = task = None
     if tty:

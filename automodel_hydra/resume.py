@@ -19,7 +19,7 @@ that launched it), and before any job is set up or anything is submitted:
 * one line says what is kept and what runs again (:func:`summary`), e.g.
   ``resume: 3 of 4 members COMPLETED and kept; running again: 1 (#2 FAILED)``.
 
-Everything here but :func:`read_manifest` and :func:`member_states` is pure.
+Everything here but :func:`member_states` and what reads the manifest (:mod:`automodel_hydra.records`) is pure.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import json
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.plan import MANIFEST_FILE, launch_dir
+from automodel_hydra.records import manifest_path, read_manifest
 from automodel_hydra.states import JobState
 
 #: The manifest's key for the sweep's definition (beside ``jobs``, the members' submission records).
@@ -110,6 +110,15 @@ def merged(recorded: tp.Mapping[str, tp.Any] | None, now: Definition) -> dict[st
     return out
 
 
+def manifest_fields(now: Definition) -> tp.Callable[[tp.Mapping[str, tp.Any]], dict[str, tp.Any]]:
+    """What a launch of ``now``'s points records in the sweep's manifest, given the one there: the definition
+    :func:`merged` with the recorded one (:func:`automodel_hydra.records.write_manifest`)."""
+    def fields(manifest: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+        recorded = manifest.get(DEFINITION_KEY)
+        return {DEFINITION_KEY: merged(recorded if isinstance(recorded, dict) else None, now)}
+    return fields
+
+
 def _shown(overrides: tp.Sequence[str]) -> str:
     return " ".join(overrides) or "(no overrides)"
 
@@ -154,7 +163,7 @@ def _value(v: tp.Any) -> str:
 
 def difference_line(sweep_dir: Path | str, tail: str) -> str:
     """The one line for a changed definition (:func:`difference`), with the way out."""
-    return (f"{sweep_dir} holds another sweep ({launch_dir(sweep_dir) / MANIFEST_FILE}): {tail}; a sweep dir is "
+    return (f"{sweep_dir} holds another sweep ({manifest_path(sweep_dir)}): {tail}; a sweep dir is "
             f"resumed only with the sweep it recorded (automodel-hydra resume {sweep_dir}): choose another "
             "hydra.sweep.dir for this one")
 
@@ -217,15 +226,6 @@ def busy_line(sweep_dir: Path | str, decision: Decision) -> str:
 # ----------------------------------------------------------------------------------------------- reading
 
 
-def read_manifest(sweep_dir: Path | str) -> dict[str, tp.Any] | None:
-    """``launch/manifest.json`` of ``sweep_dir``, or None when there is none (or it cannot be read)."""
-    try:
-        data = json.loads((launch_dir(sweep_dir) / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def recorded_definition(manifest: tp.Mapping[str, tp.Any] | None) -> Definition | None:
     """The definition a manifest recorded, None for none (a manifest written before definitions were)."""
     data = (manifest or {}).get(DEFINITION_KEY)
@@ -248,11 +248,11 @@ def refusal(sweep_dir: Path) -> str | None:
         above = next((d for d in sweep_dir.parents if read_manifest(d) is not None), None)
         where = (f"it is a member of the sweep {above}: automodel-hydra resume {above}" if above is not None
                  else WHICH_DIR)
-        return f"{sweep_dir} is not a sweep dir (no {launch_dir(sweep_dir) / MANIFEST_FILE}): {where}"
+        return f"{sweep_dir} is not a sweep dir (no {manifest_path(sweep_dir)}): {where}"
     definition = recorded_definition(manifest)
     if definition is None or not definition.argv:
         return (f"{sweep_dir} holds a sweep submitted before sweeps recorded their definition (no "
-                f"{DEFINITION_KEY!r} in {launch_dir(sweep_dir) / MANIFEST_FILE}), so its command is not known: run "
+                f"{DEFINITION_KEY!r} in {manifest_path(sweep_dir)}), so its command is not known: run "
                 f"its -m command again with hydra.sweep.dir={sweep_dir} (every member runs again)")
     return None
 

@@ -25,6 +25,7 @@ import typing as tp
 from pathlib import Path
 
 from automodel_hydra import failures, ledger
+from automodel_hydra.schema import USER_ERROR_EXIT
 
 #: What the hook does: requeue the job, or nothing (the job ends as it did).
 REQUEUE, NOTHING = "requeue", "nothing"
@@ -79,7 +80,7 @@ def main(argv: tp.Sequence[str] | None = None, environ: tp.Mapping[str, str] = o
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2:
         print("usage: python -m automodel_hydra.retry JOB_DIR STATUS", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     launch, status = Path(args[0]) / "launch", int(args[1])
     try:
         budget = failures.FailureBudget.of(_budget_section(launch))

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import typing as tp
 
+#: The exit status of a command that ends on a mistake the user can fix (a :class:`UserError`, a wrong command line),
+#: as argparse's and Hydra's own usage errors end; a failed or stopped launch ends otherwise (1, 128 + the signal).
+USER_ERROR_EXIT = 2
+
 
 class UserError(Exception):
     """A mistake the user can fix (a config value, a file or a tool missing on this machine), with a message meant

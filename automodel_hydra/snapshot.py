@@ -46,6 +46,7 @@ import subprocess
 import typing as tp
 from pathlib import Path
 
+from automodel_hydra import records
 from automodel_hydra.schema import ConfigError
 
 #: ``slurm.snapshot``'s values.
@@ -288,8 +289,7 @@ def remap(path: str, source_root: str, code_src: str) -> str:
 
 
 #: Files that mark a run's or a sweep's dir (Hydra's and ours): such a dir is output, never code.
-_MARKERS = ((".hydra", "config.yaml"), ("multirun.yaml",), ("launch", "sbatch.sh"), ("launch", "manifest.json"),
-            ("launch", "submission.json"))
+_MARKERS = ((".hydra", "config.yaml"), ("multirun.yaml",), ("launch", "sbatch.sh"), *records.MARKERS)
 
 
 def _output_dir_of(rel: str) -> Path | None:

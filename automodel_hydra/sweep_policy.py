@@ -21,7 +21,7 @@ import threading
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra import outcome
+from automodel_hydra import records
 from automodel_hydra.schema import ConfigError
 from automodel_hydra.states import JobState
 
@@ -105,8 +105,8 @@ def watch(subs: tp.Sequence[Submission[tp.Any]], impls: tp.Mapping[str, Backend[
                             impls[name].cancel(refs, pending_only=True)
                     for i in pending:  # what we sent is known, though Slurm keeps no record of a pending task's end
                         if subs[i].ids:
-                            outcome.record_cancel(subs[i].plan.job.job_dir, subs[i].ids, JobState.PENDING,
-                                                  by=f"the sweep's {KEY}={max_failures} stop")
+                            records.write_cancel(subs[i].plan.job.launch_dir, subs[i].ids, JobState.PENDING,
+                                                 by=f"the sweep's {KEY}={max_failures} stop")
                     failed = sum(is_failure(s) for s in states)
                     say(stop_line(failed, max_failures, [subs[i].plan.job.job_num for i in pending], sweep_dir))
                 return

@@ -310,7 +310,8 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
 
     from automodel_hydra import config, failures, health, ledger, outcome, recipes
     from automodel_hydra.bootstrap import DistEnv, init_distributed
-    from automodel_hydra.plan import CANCELLED_MARK, RESULT_FILE
+    from automodel_hydra.plan import RESULT_FILE
+    from automodel_hydra.records import read_cancel
 
     if start.agent:  # torchrun's or ft_launcher's worker: stop with the agent
         stop_when_parent_dies()
@@ -395,9 +396,9 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             if env.rank == 0:  # every rank has finished its checkpoint: the recipe waited for it
                 requeue_job()
             return result
-        if (launch / CANCELLED_MARK).exists() and not start.slurm:
+        if read_cancel(launch) is not None and not start.slurm:
             # a local run the user cancelled: the stop is the outcome asked for, so the ranks end cleanly and
-            # torchrun exits quietly (the mark tells status it was CANCELLED)
+            # torchrun exits quietly (the cancel's record tells status it was CANCELLED)
             log.warning("stopped at step %s on a signal; cancelled by the user: exiting cleanly", result.get("step"))
             return result
         log.warning("stopped at step %s on a signal; not requeued: %s", result.get("step"), why)

@@ -187,7 +187,7 @@ def test_a_relaunched_sweep_asks_the_scheduler_once_for_all_its_dirs(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A sweep relaunched over dirs that hold earlier Slurm jobs: one squeue (and one sacct) call for all of them,
     not one per job, and the pending one is named."""
-    from automodel_hydra import driver
+    from automodel_hydra import records as run_records
     from automodel_hydra.plan import JobSpec, PreflightError
 
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -206,7 +206,7 @@ def test_a_relaunched_sweep_asks_the_scheduler_once_for_all_its_dirs(tmp_path: P
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     with pytest.raises(PreflightError, match="holds slurm job 4242, still PENDING"):
-        driver.refuse_if_busy(jobs)
+        run_records.refuse_if_busy(jobs)
     assert sorted(calls.read_text().split()) == ["sacct", "squeue"]
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from automodel_hydra import outcome
-from automodel_hydra.plan import JobSpec, write_run_id
+from automodel_hydra import outcome, records
+from automodel_hydra.plan import JobSpec, launch_dir, write_run_id
 from automodel_hydra.states import JobState, StateInfo
 
 NOT_ASKED = StateInfo(JobState.UNKNOWN, "sacct on this machine exited 1: no slurm.conf", answered=False)
@@ -25,7 +25,7 @@ def job_dir(tmp_path: Path, run_id: str = "launch-1", result: str | None = None)
 def test_a_cancel_we_sent_gives_cancelled_only_for_this_launch(tmp_path: Path) -> None:
     record = job_dir(tmp_path)
     assert outcome.state_info(record, StateInfo(JobState.UNKNOWN)).state is JobState.UNKNOWN
-    outcome.record_cancel(Path(str(record["job_dir"])), ["7_0"], JobState.PENDING)
+    records.write_cancel(launch_dir(str(record["job_dir"])), ["7_0"], JobState.PENDING, by="automodel-hydra cancel")
     info = outcome.state_info(record, StateInfo(JobState.UNKNOWN))
     assert info == StateInfo(JobState.CANCELLED, "cancelled with automodel-hydra cancel while PENDING; the scheduler "
                                                  "keeps no record of it")
@@ -42,6 +42,6 @@ def test_not_asked_shows_what_the_records_know_with_a_note(tmp_path: Path) -> No
     earlier = outcome.state_info(job_dir(tmp_path / "b", result="launch-0"), NOT_ASKED)  # an earlier launch's
     assert earlier.state is JobState.UNKNOWN and earlier.reason.endswith("no result of this launch here")
     record = job_dir(tmp_path / "c")
-    outcome.record_cancel(Path(str(record["job_dir"])), ["7_0"], JobState.PENDING)
+    records.write_cancel(launch_dir(str(record["job_dir"])), ["7_0"], JobState.PENDING, by="automodel-hydra cancel")
     cancelled = outcome.state_info(record, NOT_ASKED)
     assert cancelled.state is JobState.CANCELLED and cancelled.reason.startswith("the scheduler could not be asked")

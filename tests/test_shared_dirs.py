@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from automodel_hydra.backends.interactive import lock_job_dir
-from automodel_hydra.plan import LOCK_FILE as LOCK
-from automodel_hydra.plan import JobSpec
+from automodel_hydra.records import LOCK_FILE as LOCK
+from automodel_hydra.records import take_lock
 from tests.helpers import ROOT
 
 
@@ -34,9 +33,8 @@ def test_files_follow_the_umask(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(0o002))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _mode(run / "launch" / "torchrun.sh") == 0o775  # the group may run it (old main: 0755)
-    code = ("import os, sys; os.umask(0o002); from automodel_hydra.backends.interactive import lock_job_dir; "
-            "from automodel_hydra.plan import JobSpec; from pathlib import Path; "
-            "lock_job_dir(JobSpec(job_dir=Path(sys.argv[1]), job_name='train'))")
+    code = ("import os, sys; os.umask(0o002); from automodel_hydra.records import take_lock; "
+            "from pathlib import Path; take_lock(Path(sys.argv[1]))")
     subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=60, cwd=ROOT)
     assert _mode(run / "launch" / LOCK) == 0o664  # a teammate can take the lock (old main: 0644)
 
@@ -73,12 +71,12 @@ def test_another_users_dir_is_refused_in_one_line_naming_the_owner(tmp_path: Pat
     os.chmod(base, 0o755)
     run = base / "R"
     (run / "launch").mkdir(parents=True)
-    fd = lock_job_dir(JobSpec(job_dir=run, job_name="train"))  # root's run, lock 0644 under umask 022
+    fd = take_lock(run)  # root's run, lock 0644 under umask 022
     try:
         for busy in (True, False):
             if not busy:
                 fcntl.flock(fd, fcntl.LOCK_UN)
-            line = _as_user(nobody, lambda: lock_job_dir(JobSpec(job_dir=run, job_name="train")))
+            line = _as_user(nobody, lambda: take_lock(run))
             assert "\n" not in line and "Traceback" not in line, line
             assert line.startswith(f"SubmitError: {run} belongs to user root"), line
             assert ("a run of theirs is using it" in line) is busy, line

@@ -22,7 +22,8 @@ import pytest
 from automodel_hydra import config
 from automodel_hydra.backends import skypilot, skypilot_sdk
 from automodel_hydra.backends.interactive import free_port
-from automodel_hydra.plan import JobSpec, Plan, PreflightError, Submission, job_batch, write_record
+from automodel_hydra.plan import JobSpec, Plan, PreflightError, Submission, job_batch
+from automodel_hydra.records import write_record
 from automodel_hydra.states import JobState
 from tests.helpers import ROOT, SKY_ELSEWHERE, compose_cfg, metrics
 
@@ -304,13 +305,14 @@ def test_real_sdk_launch_that_fails_stops_the_api_server_it_started(tmp_path: Pa
 BUSY = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from automodel_hydra import driver
+    from automodel_hydra import records
     from automodel_hydra.plan import JobSpec
     job = JobSpec(job_dir=Path(sys.argv[1]), job_name="train")
     job.launch_dir.mkdir(parents=True)
-    job.record_file.write_text(json.dumps({"backend": "skypilot", "job_ids": ["7"], "job_dir": sys.argv[1],
-                                           "ref": {"job_id": "7", "cluster": None}}))
-    driver.refuse_if_busy([job])  # the job's state cannot be known without a server: not refused
+    records.record_path(job.job_dir).write_text(json.dumps({"backend": "skypilot", "job_ids": ["7"],
+                                                            "job_dir": sys.argv[1],
+                                                            "ref": {"job_id": "7", "cluster": None}}))
+    records.refuse_if_busy([job])  # the job's state cannot be known without a server: not refused
     print("not refused")
 """)
 

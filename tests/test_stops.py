@@ -138,7 +138,7 @@ def test_a_hung_rank_is_killed_after_the_grace_time_on_sigterm_and_on_cancel(sta
         if how == "cancel":
             cancel = subprocess.Popen([sys.executable, "-m", "automodel_hydra.cli", "cancel", str(run)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            cmd.until(lambda: (run / "launch" / "cancelled").exists(), 60, "the cancel's mark")
+            cmd.until(lambda: (run / "launch" / "cancel.json").exists(), 60, "the cancel's record")
         else:
             cmd.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()  # the stop signal is on its way: the ranks get it next

@@ -7,11 +7,12 @@ affinity and ``OMP_NUM_THREADS`` on CPU cores), each with its own rendezvous por
 ``interactive.max_parallel`` at once.
 
 Files a job leaves in ``launch/``: ``torchrun.sh`` (the plan), ``torchrun/`` (torchrun's ``--log-dir``: a failed
-rank's error file), ``lock`` (held by the job's processes while they run:
-a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output in
-a sweep, where jobs run side by side; ``call.out`` for call jobs) and ``cancelled`` (written by a cancel: torchrun
-itself exits 1 on SIGTERM, so the mark is what tells a cancelled job from a failed one; once the stop is over it
-holds what became of the job's processes: ended within the grace time, or which ones were killed).
+rank's error file), ``lock`` (the run lock, :mod:`automodel_hydra.records`: held by the job's processes while they
+run, a second run in the dir is refused), ``pid`` (the torchrun group's pid), ``torchrun.out`` (torchrun's own output
+in a sweep, where jobs run side by side; ``call.out`` for call jobs) and ``cancel.json`` (the cancel's record,
+:func:`automodel_hydra.records.write_cancel`: torchrun itself exits 1 on SIGTERM, so the record is what tells a
+cancelled job from a failed one; once the stop is over it holds what became of the job's processes: ended within
+the grace time, or which ones were killed).
 
 Stopping (Ctrl-C or SIGTERM to the launching command, ``automodel-hydra cancel``): :func:`automodel_hydra.stops.
 stop_group` asks the ranks to checkpoint (SIGTERM), gives them ``interactive.kill_wait_s`` seconds, then kills
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import shlex
@@ -38,13 +38,11 @@ import typing as tp
 from concurrent.futures import Future
 from pathlib import Path
 
-from automodel_hydra import agent, fault_tolerance, outcome, stops, sweep_policy
+from automodel_hydra import agent, fault_tolerance, outcome, records, stops, sweep_policy
 from automodel_hydra.backends.interactive_config import InteractiveConfig as InteractiveConfig
 from automodel_hydra.bootstrap import is_launcher_var
 from automodel_hydra.plan import (
     CALL_RESULT_FILE,
-    CANCELLED_MARK,
-    LOCK_FILE,
     PID_FILE,
     RESULT_FILE,
     TORCHRUN_LOG_DIR,
@@ -216,80 +214,6 @@ def free_port(start: int, exclude: tp.Container[int] = ()) -> int:
     raise SubmitError(f"no free TCP port in {start}..{start + 1999}")
 
 
-def lock_job_dir(job: JobSpec) -> int:
-    """Take the job dir's run lock (``flock`` on ``launch/lock``) and return its fd; the torchrun group inherits it,
-    so the lock lives exactly as long as the job's processes, whoever started them.
-
-    Raises SubmitError naming the dir and the holder's pid when another run is using this dir (two runs writing
-    one ``checkpoints/`` and ``metrics.jsonl`` would corrupt both)."""
-    path = job.lock_file
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides who else may lock it (a team dir)
-    except PermissionError:
-        raise SubmitError(_not_yours(job.job_dir, path)) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        by = "" if os.fstat(fd).st_uid == os.getuid() else f" of user {_owner(path)}"
-        os.close(fd)
-        raise SubmitError(f"{job.job_dir} is in use by another run{by} (pid {holder}); wait for it, cancel it "
-                          f"(automodel-hydra cancel {job.job_dir}), or choose another hydra.run.dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    job.pid_file.unlink(missing_ok=True)  # a pid left by an earlier run names another process now
-    return fd
-
-
-def _owner(path: Path) -> str:
-    """The user name owning ``path`` (its uid when the name is unknown here)."""
-    import pwd
-
-    try:
-        uid = path.stat().st_uid
-    except OSError:
-        return "?"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _not_yours(job_dir: Path, lock: Path) -> str:
-    """The one line for a run dir whose run lock this user may not open: whose it is, busy or not, and the fix."""
-    owner = _owner(lock)
-    busy = ""
-    try:
-        with lock.open("rb") as f:  # readable but not writable: ask whether a run holds it
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                busy = " and a run of theirs is using it"
-    except OSError:
-        pass
-    return (f"{job_dir} belongs to user {owner}{busy} ({lock} is not writable for you); choose another "
-            "hydra.run.dir, or ask them to share it (a group dir written under umask 002)")
-
-
-def job_running(job_dir: Path) -> bool:
-    """Whether a run holds the job dir's lock right now (no pid guessing: a recycled pid cannot fool it)."""
-    path = launch_dir(job_dir) / LOCK_FILE
-    if not path.exists():
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except PermissionError:
-        raise SubmitError(_not_yours(Path(job_dir), path)) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-
 class _Scheduler:
     """Packs jobs onto disjoint device slots; one thread, jobs start as slots free up (in input order)."""
 
@@ -327,7 +251,7 @@ class _Scheduler:
                     if len(running) >= self.max_parallel or (running and need > len(free)):
                         break
                     pending.pop(0)
-                    if self.plans[i].job.cancelled_mark.exists():  # cancelled while queued
+                    if records.read_cancel(self.plans[i].job.launch_dir):  # cancelled while queued
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start",
                                                              stop="never started"))
                         continue
@@ -339,7 +263,7 @@ class _Scheduler:
                     running[i] = (devices, port, self._start(i, devices, port, packed=len(self.plans) > 1))
                 if self.cancelled or stopped:
                     for i in pending:
-                        self.plans[i].job.cancelled_mark.touch()  # status says so later
+                        records.write_cancel(self.plans[i].job.launch_dir)  # status says so later
                         os.close(self.locks[i])  # its dir is free: CANCELLED, not queued
                         self.futures[i].set_result(JobResult(JobState.CANCELLED, error="cancelled before start",
                                                              stop="never started"))
@@ -437,18 +361,17 @@ def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[
     status as the scheduler's word (0: COMPLETED, else FAILED; CANCELLED after a cancel or on SIGTERM); the line
     names the rank that ended first and how, the launcher's exit status and its log (``launch/agent.<host>.log``)."""
     restarts = fault_tolerance.restart_summary(plan.job.launch_dir)  # "" without in-job restarts
-    mark = plan.job.cancelled_mark
-    cancelled = returncode in (-signal.SIGTERM, 143) or mark.exists()
+    cancel = records.read_cancel(plan.job.launch_dir)
+    cancelled = returncode in (-signal.SIGTERM, 143) or cancel is not None
     verdict = outcome.derive(plan.job, JobState.COMPLETED if returncode == 0 else JobState.FAILED, stamps)
     if verdict.state is JobState.COMPLETED:
         if restarts:
             log.warning("job %s completed, %s", plan.job.job_num or 0, restarts)
         return JobResult(JobState.COMPLETED, read_result(plan.job))
     if cancelled:
-        with contextlib.suppress(OSError):
-            how = mark.read_text().strip()  # what the stop did (stop_job), when it is over
-            if how:
-                return JobResult(JobState.CANCELLED, error=f"cancelled: {how}", stop=how)
+        how = cancel.how if cancel is not None else None  # what the stop did (stop_job), when it is over
+        if how:
+            return JobResult(JobState.CANCELLED, error=f"cancelled: {how}", stop=how)
         verdict = dataclasses.replace(verdict, state=JobState.CANCELLED)
     tail = ""
     out = plan.job.launch_dir / _out_name(plan)
@@ -486,6 +409,9 @@ class Interactive(Backend[Request, LocalRef, Devices]):
 
     name = "interactive"
     stops_after_failures = True  # its queue starts no member once max_failures have failed
+    holds_run_lock = True  # a queued or running job's processes hold launch/lock (records.take_lock)
+    ranks_import_here = True  # torchrun here, on this Python
+    poll_s = 1.0
 
     def __init__(self) -> None:
         self._futures: dict[str, Future[JobResult]] = {}
@@ -615,11 +541,11 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         """Start the planned torchrun groups (packed onto free devices). Returns at once; see :meth:`wait`."""
         plans = batch.plans
         for p in plans:  # a rerun in the same dir starts uncancelled
-            p.job.cancelled_mark.unlink(missing_ok=True)
+            records.clear_cancel(p.job.launch_dir)
         locks: list[int] = []
         try:
             for p in plans:  # every dir is ours before anything starts
-                locks.append(lock_job_dir(p.job))
+                locks.append(records.take_lock(p.job.job_dir))
         except RuntimeError:
             for fd in locks:
                 os.close(fd)
@@ -657,10 +583,10 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             for s, f in zip(subs, futures):
                 with contextlib.suppress(Exception):
                     result = f.result(timeout=5)
-                    mark = s.plan.job.launch_dir / CANCELLED_MARK
-                    if result.state is JobState.CANCELLED and result.stop is None and mark.exists():
-                        how = mark.read_text().strip()  # the stop's end (stop_job wrote it after the future)
-                        result = dataclasses.replace(result, stop=how or None)
+                    cancel = records.read_cancel(s.plan.job.launch_dir)
+                    if result.state is JobState.CANCELLED and result.stop is None and cancel is not None:
+                        # the stop's end (stop_job wrote it after the future)
+                        result = dataclasses.replace(result, stop=cancel.how)
                     stop.results[s.ref.job_dir] = result
             raise stop from None
 
@@ -668,7 +594,7 @@ class Interactive(Backend[Request, LocalRef, Devices]):
         out = []
         for r in refs:
             state = local_state(Path(r.job_dir))
-            orphan = state is JobState.CANCELLED and not (launch_dir(r.job_dir) / CANCELLED_MARK).exists()
+            orphan = state is JobState.CANCELLED and records.read_cancel(launch_dir(r.job_dir)) is None
             out.append(StateInfo(state, ORPHANED if orphan else ""))
         return out
 
@@ -680,9 +606,9 @@ class Interactive(Backend[Request, LocalRef, Devices]):
             job_dir = Path(ref.job_dir)
             if pending_only and _pid(job_dir) is not None:
                 continue
-            (launch_dir(job_dir) / CANCELLED_MARK).touch()  # read by states() and by a sweep's queue
+            records.write_cancel(launch_dir(job_dir))  # read by states() and by a sweep's queue
             pid = _pid(job_dir)
-            if pid is not None and job_running(job_dir):  # never signal a pid that no longer belongs to this job
+            if pid is not None and records.locked(job_dir):  # never signal a pid that no longer belongs to this job
                 t = threading.Thread(target=stop_job, args=(launch_dir(job_dir), pid, ref.kill_wait_s,
                                                             ref.single_process), daemon=True)
                 t.start()
@@ -699,12 +625,11 @@ class Interactive(Backend[Request, LocalRef, Devices]):
 def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool = False,
              ended: tp.Callable[[], bool] | None = None) -> stops.Ended:
     """Stop one local job headed by pid ``head`` (:func:`automodel_hydra.stops.stop_group`) and write what became
-    of its processes into its ``launch/cancelled`` mark (written first: the ranks read it to end cleanly, and
-    :func:`local_state` to say CANCELLED). The mark then reads ``ended within the 30 s grace time`` or ``killed
-    after 30 s: rank 1 (pid 12), torchrun (pid 10)`` (:meth:`automodel_hydra.stops.Ended.text`): what the launching
-    command's stop line repeats."""
-    mark = launch_dir / CANCELLED_MARK
-    mark.touch()
+    of its processes into its cancel record (:func:`automodel_hydra.records.write_cancel`, written first: the ranks
+    read it to end cleanly, and :func:`local_state` to say CANCELLED). Its ``how`` then reads ``ended within the 30 s
+    grace time`` or ``killed after 30 s: rank 1 (pid 12), torchrun (pid 10)`` (:meth:`automodel_hydra.stops.Ended.
+    text`): what the launching command's stop line repeats."""
+    records.write_cancel(launch_dir)
     # a rank known to be hung (fault tolerance's watchdog recorded it) cannot checkpoint, and the ranks blocked in
     # a collective waiting for it cannot either: no grace time, the job is ended at once
     hung = fault_tolerance.final_hang(launch_dir)
@@ -716,7 +641,7 @@ def stop_job(launch_dir: Path, head: int, grace_s: float, single_process: bool =
         text = what.text()
         if hung is not None and what.killed:
             text = f"killed at once, {hung.split(' (')[0]} and could not checkpoint: {', '.join(what.killed)}"
-        mark.write_text(text + "\n")
+        records.write_cancel(launch_dir, how=text)
 
     result = stops.stop_group(head, grace_s, head_is_rank=single_process, ended=ended, on_kill=record)
     record(result)
@@ -734,7 +659,7 @@ def local_state(job_dir: Path) -> JobState:
     id of the job's launch (``launch/run_id``; never a comparison of clocks), else CANCELLED/FAILED; PENDING
     while a sweep's queue holds it (the lock), CANCELLED once no queue does and it never started (no pid: the
     command that queued it ended first, say by ``kill -9``; nothing will start it, so it is not pending)."""
-    if job_running(job_dir):  # locked: started (pid written at start) or queued in a sweep
+    if records.locked(job_dir):  # locked: started (pid written at start) or queued in a sweep
         return JobState.RUNNING if _pid(job_dir) is not None else JobState.PENDING
     job = JobSpec(job_dir=job_dir, job_name="")
     for result in (job_dir / RESULT_FILE, launch_dir(job_dir) / CALL_RESULT_FILE):  # a recipe's, a call's
@@ -742,7 +667,7 @@ def local_state(job_dir: Path) -> JobState:
             call = JobSpec(job_dir=job_dir, job_name="", call=b"") if result.suffix == ".pkl" else job
             # what the ranks did: a result, and no rank of the last attempt ended otherwise than by returning
             return outcome.derive(call, JobState.COMPLETED).state
-    if (launch_dir(job_dir) / CANCELLED_MARK).exists():
+    if records.read_cancel(launch_dir(job_dir)) is not None:
         return JobState.CANCELLED
     return JobState.FAILED if _pid(job_dir) is not None else JobState.CANCELLED
 

@@ -476,6 +476,9 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
         assert sc is not None
         return sc.num_nodes * sc.nproc
 
+    def env_vars(self, cfg: TrainConfig) -> tp.Mapping[str, str]:
+        return cfg.skypilot.env_vars if cfg.skypilot is not None else {}
+
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
         return False  # cloud nodes: their own disks, this project synced, outputs in a bucket or on the node
 

@@ -20,7 +20,7 @@ import time
 import typing as tp
 from pathlib import Path, PurePosixPath
 
-from automodel_hydra import fault_tolerance, outcome
+from automodel_hydra import fault_tolerance, outcome, records
 from automodel_hydra.backends import slurm_script
 from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODEL_DEFAULTS
 from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
@@ -181,6 +181,12 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         assert cfg.slurm is not None
         return cfg.slurm.world_size
 
+    def time_limit_minutes(self, cfg: TrainConfig) -> int | None:
+        return cfg.slurm.time_minutes if cfg.slurm is not None else None
+
+    def env_vars(self, cfg: TrainConfig) -> tp.Mapping[str, str]:
+        return cfg.slurm.env_vars if cfg.slurm is not None else {}
+
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
         assert cfg.slurm is not None
         # bare metal: the nodes share this host's filesystem; through a tunnel they see the cluster's
@@ -290,8 +296,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                           for i, info in zip(pending, infos) if info.state.final])
                     fresh |= new
                     for i, info in zip(pending, infos):
-                        if info.state is JobState.UNKNOWN and outcome.cancelled_by_us(subs[i].plan.job.job_dir,
-                                                                                      subs[i].ref.ids):
+                        if info.state is JobState.UNKNOWN and records.cancel_note(subs[i].plan.job.job_dir,
+                                                                                  subs[i].ref.ids):
                             info = StateInfo(JobState.CANCELLED)  # ours, of a pending task Slurm keeps no record of
                         if info.state is not JobState.UNKNOWN:
                             seen[i] = time.time()

@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from automodel_hydra import call, driver, resume
 from automodel_hydra import config as am_config
+from automodel_hydra import records as run_records
 from automodel_hydra.plan import RESULT_FILE, JobFailedError, JobSpec, written_by_this_launch
 from automodel_hydra.schema import ConfigError, UserValueError
 from automodel_hydra.states import JobState
@@ -290,7 +291,7 @@ def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[i
     argv = getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]
     now = resume.Definition({idx: resume.point(overrides) for idx, overrides in numbered},
                             resume.flatten(body), tuple(argv), os.getcwd())
-    manifest = resume.read_manifest(sweep_dir)
+    manifest = run_records.read_manifest(sweep_dir)
     then = resume.recorded_definition(manifest)
     if then is None or manifest is None:
         return now, {}
