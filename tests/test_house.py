@@ -470,6 +470,103 @@ def test_each_checkpoint_name_and_the_error_exits_have_one_home() -> None:
     assert len(ladders) == 1 and ladders[0].startswith("automodel_hydra.driver:"), ladders
 
 
+#: The modules that decide what to do with a job: they ask the backend contract (``plan.Backend``), never its name.
+ASKING_MODULES = ("automodel_hydra.driver", "automodel_hydra.cli", "automodel_hydra.progress", "automodel_hydra.outcome")
+
+
+def _backend_names() -> set[str]:
+    from automodel_hydra.backends import BACKENDS
+
+    return set(BACKENDS)
+
+
+def test_the_driver_and_the_cli_ask_the_backend_never_its_name() -> None:
+    """No backend name (``"interactive"``, ``"slurm"``, ``"skypilot"``) is compared with anything, tested for
+    membership or used as a table's key in the driver, the CLI, the progress line or the outcome reader, and no
+    launcher section (``cfg.slurm``, ``cfg.skypilot``) is read there: what differs between backends is a question of
+    ``plan.Backend`` (``ranks_import_here``, ``holds_run_lock``, ``poll_s``, ``time_limit_minutes``, ``env_vars``,
+    ...), answered by each backend."""
+    names, found = _backend_names(), []
+    mods = _modules()
+    for mod in ASKING_MODULES:
+        tree = ast.parse(mods[mod].read_text())
+        for node in ast.walk(tree):
+            parts: list[ast.AST] = []
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+            elif isinstance(node, ast.Dict):
+                parts = [k for k in node.keys if k is not None]
+            elif isinstance(node, ast.Attribute) and node.attr in names:
+                found.append(f"{mod}:{node.lineno}: {ast.unparse(node)}")
+            for part in parts:
+                consts = [c for c in ast.walk(part) if isinstance(c, ast.Constant)]
+                if any(c.value in names for c in consts):
+                    found.append(f"{mod}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, found
+
+
+def test_the_contract_answers_what_the_driver_asks(tmp_path: Path) -> None:
+    """Each backend answers the driver's questions (the values the name checks they replace gave)."""
+    from automodel_hydra import backends, config
+
+    def cfg(**sections: tp.Any) -> config.TrainConfig:
+        return config.load({"output_dir": str(tmp_path), **sections})
+
+    local, slurm, sky = (backends.get(n) for n in ("interactive", "slurm", "skypilot"))
+    assert (local.ranks_import_here, slurm.ranks_import_here, sky.ranks_import_here) == (True, False, False)
+    assert (local.holds_run_lock, slurm.holds_run_lock, sky.holds_run_lock) == (True, False, False)
+    assert local.poll_s < slurm.poll_s == sky.poll_s
+    assert slurm.time_limit_minutes(cfg(slurm={"time": "01:30:00"})) == 90
+    assert local.time_limit_minutes(cfg()) is None and sky.time_limit_minutes(cfg(skypilot={})) is None
+    assert slurm.env_vars(cfg(slurm={"env_vars": {"WANDB_RUN_ID": "x"}})) == {"WANDB_RUN_ID": "x"}
+    assert sky.env_vars(cfg(skypilot={"env_vars": {"A": "1"}})) == {"A": "1"} and local.env_vars(cfg()) == {}
+
+
+#: The run dir's records: their file names, and the one module that reads and writes them.
+RECORD_NAMES = ("submission.json", "manifest.json", "cancel.json")
+RECORD_CONSTANTS = ("RECORD_FILE", "MANIFEST_FILE", "LOCK_FILE", "CANCEL_FILE", "OLD_CANCEL_MARK", "CANCELLED_MARK")
+
+
+def test_the_run_dirs_records_and_the_run_lock_have_one_module() -> None:
+    """``launch/submission.json``, the sweep's ``launch/manifest.json``, a user's cancel (``launch/cancel.json``, one
+    record on every backend) and the run lock (``flock`` on ``launch/lock``) are named, read and written in
+    ``automodel_hydra.records`` only: no other module spells their names, holds a constant for them or takes a
+    ``flock``; the others call ``records``' functions."""
+    found = []
+    for mod, path in _modules().items():
+        if mod == "automodel_hydra.records":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RECORD_NAMES:
+                found.append(f"{mod}:{node.lineno}: {node.value!r}")
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if name in RECORD_CONSTANTS or name == "flock":
+                found.append(f"{mod}:{node.lineno}: {name}")
+    assert not found, found
+    records = ast.parse((ROOT / "automodel_hydra" / "records.py").read_text())
+    assert {n.attr for n in ast.walk(records) if isinstance(n, ast.Attribute)} >= {"flock"}
+
+
+def test_the_exit_status_of_a_users_mistake_has_one_home() -> None:
+    """Status 2 (a mistake the user can fix) is ``schema.USER_ERROR_EXIT``: no ``SystemExit(2)``, ``sys.exit(2)`` or
+    ``return 2`` anywhere else in the package, and the constant is defined once."""
+    found, defined = [], []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = None
+            if isinstance(node, ast.Return):
+                value = node.value
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] in ("SystemExit", "exit"):
+                value = node.args[0] if node.args else None
+            if isinstance(value, ast.Constant) and type(value.value) is int and value.value == 2:
+                found.append(f"{mod}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "USER_ERROR_EXIT"
+                                                    for t in node.targets):
+                defined.append(mod)
+    assert not found, found
+    assert defined == ["automodel_hydra.schema"]
+
+
 def test_tests_poll_and_pick_ports_in_one_place() -> None:
     """``free_port`` and ``wait_for`` are defined once, in tests/helpers.py."""
     defined: dict[str, list[str]] = {}
@@ -499,8 +596,8 @@ def test_architecture_md_names_every_module_with_its_idea() -> None:
 #: Modules over :data:`MAX_LINES` lines, each with why it is allowed for now. Tighten as the refactors land: a
 #: module that gets under the limit must leave this list (the test says so), and a new one never joins it.
 BIG_MODULES = {
-    # the driver asks, never checks names (a later step): the run-dir records and the run lock leave it
-    "automodel_hydra/driver.py": "prepare/launch plus the run-dir records, stop summary and the rank path",
+    # prepare/launch and how a launching command ends; the stop summary and the rank path are still here
+    "automodel_hydra/driver.py": "prepare/launch plus the stop summary, the recipe checks and the rank path",
     # one idea (a rank's place and rendezvous), much of it the table of launchers' variables and their checks
     "automodel_hydra/bootstrap.py": "the one torch.distributed bootstrap",
     # the local backend: torchrun scripts, the packing scheduler, local states/cancel

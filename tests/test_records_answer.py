@@ -45,3 +45,36 @@ def test_not_asked_shows_what_the_records_know_with_a_note(tmp_path: Path) -> No
     records.write_cancel(launch_dir(str(record["job_dir"])), ["7_0"], JobState.PENDING, by="automodel-hydra cancel")
     cancelled = outcome.state_info(record, NOT_ASKED)
     assert cancelled.state is JobState.CANCELLED and cancelled.reason.startswith("the scheduler could not be asked")
+
+
+def test_a_cancel_is_one_record_that_each_writer_adds_to_for_this_launch_only(tmp_path: Path) -> None:
+    """A local job's stop writes how its processes ended, ``automodel-hydra cancel`` then who sent it: one record,
+    ``launch/cancel.json``, keeps both; a later launch of the dir is not covered by it."""
+    job = JobSpec(tmp_path / "R", "train")
+    write_run_id(job, "launch-1")
+    assert records.read_cancel(job.launch_dir) is None
+    records.write_cancel(job.launch_dir)  # the stop starts: the ranks read it to end cleanly
+    assert records.read_cancel(job.launch_dir) == records.Cancel()
+    records.write_cancel(job.launch_dir, how="ended within the 30 s grace time")
+    records.write_cancel(job.launch_dir, ["4242"], JobState.RUNNING, by="automodel-hydra cancel")
+    assert records.read_cancel(job.launch_dir) == records.Cancel("automodel-hydra cancel", ("4242",), "RUNNING",
+                                                                 "ended within the 30 s grace time")
+    assert sorted(p.name for p in job.launch_dir.iterdir()) == ["cancel.json", "run_id"]
+    write_run_id(job, "launch-2")
+    assert records.read_cancel(job.launch_dir) is None
+
+
+def test_an_old_local_run_dirs_cancelled_mark_still_reads_as_its_cancel(tmp_path: Path) -> None:
+    """A run dir written before the cancel was one record (a local job's ``launch/cancelled`` mark holding how it
+    ended) still shows CANCELLED, with how it ended, and a rerun in the dir removes the old mark too."""
+    from automodel_hydra.backends.interactive import Interactive, LocalRef, local_state
+
+    run = tmp_path / "R"
+    (run / "launch").mkdir(parents=True)
+    (run / "launch" / "pid").write_text("99999999\n")  # it started, and no process holds its lock now
+    (run / "launch" / "cancelled").write_text("killed after 30 s: rank 1 (pid 12)\n")
+    assert local_state(run) is JobState.CANCELLED
+    assert Interactive().states([LocalRef(str(run), 0.0, 30.0, False)]) == [StateInfo(JobState.CANCELLED, "")]
+    assert records.read_cancel(run / "launch") == records.Cancel(how="killed after 30 s: rank 1 (pid 12)")
+    records.clear_cancel(run / "launch")
+    assert local_state(run) is JobState.FAILED
