@@ -471,7 +471,8 @@ def test_each_checkpoint_name_and_the_error_exits_have_one_home() -> None:
 
 
 #: The modules that decide what to do with a job: they ask the backend contract (``plan.Backend``), never its name.
-ASKING_MODULES = ("automodel_hydra.driver", "automodel_hydra.cli", "automodel_hydra.progress", "automodel_hydra.outcome")
+ASKING_MODULES = ("automodel_hydra.driver", "automodel_hydra.cli", "automodel_hydra.progress",
+                  "automodel_hydra.outcome")
 
 
 def _backend_names() -> set[str]:
