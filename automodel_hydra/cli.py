@@ -312,7 +312,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "job_ids": job_ids(rec), "state": info.state.value,
                      "step": logged["step"] if logged else None,
                      "loss": logged.get("loss") if logged and _number(logged.get("loss")) else None,
-                     "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state)) if x),
+                     "note": "; ".join(x for x in (_note(rec, info.state, info.reason), _ft_note(rec, info.state))
+                                       if x),
                      "job_dir": rec["job_dir"]})
         if args.json:
             rows[-1].update(attempts_of(rec, info.state))
@@ -398,7 +399,7 @@ def follow(path: Path, record: Record, *, follow_: bool = True, poll_s: float = 
                     return 1
                 if not seen and not state.final and (state.value, reason) != shown:
                     shown = (state.value, reason)
-                    note = f" ({_note(state, reason)})" if reason else ""
+                    note = f" ({_note(record, state, reason)})" if reason else ""
                     print(f"-- job {job_num(record)}: {state.value}{note}; no log yet at {path}", file=sys.stderr,
                           flush=True)
                 continue  # one more read after a final state, so no trailing line is lost
@@ -824,13 +825,17 @@ def _ft_note(record: Record, state: JobState) -> str:
     return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch)) if x)
 
 
-def _note(state: JobState, reason: str) -> str:
-    """The scheduler's reason next to a pending job, flagged when it means the job will not start as submitted."""
-    from automodel_hydra.backends.slurm_limits import pending_note
+def _note(record: Record, state: JobState, reason: str) -> str:
+    """The scheduler's reason next to a pending job, flagged when it means the job will not start as submitted (its
+    backend's :meth:`~automodel_hydra.plan.Backend.pending_note`)."""
+    from automodel_hydra import backends
 
-    if not reason:
-        return ""
-    return pending_note(reason) if state is JobState.PENDING else reason
+    if not reason or state is not JobState.PENDING:
+        return reason
+    try:
+        return backends.get(str(record.get("backend"))).pending_note(reason)
+    except UserError:  # a record of no backend of ours
+        return reason
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -371,16 +371,13 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     #: :mod:`automodel_hydra.outcome`, its checkpoints are where the stop line looks, and two jobs of a sweep that
     #: name one dir would write the same files; False: each job writes on its own nodes or bucket prefix (SkyPilot)
     ranks_write_job_dir: tp.ClassVar[bool] = True
-    #: whether the jobs' processes hold their dir's run lock (:func:`automodel_hydra.records.take_lock`) for as long
-    #: as they can still start or run (a local job), so that a free lock says the job is over and its scheduler is not
-    #: asked before the dir is reused (:func:`automodel_hydra.records.refuse_if_busy`); else :meth:`states` is
+    #: whether the jobs' processes hold their dir's run lock while they can still start or run (a local job): a free
+    #: lock says the job is over (:func:`automodel_hydra.records.refuse_if_busy`); else :meth:`states` is asked
     holds_run_lock: tp.ClassVar[bool] = False
-    #: whether the ranks are this machine's processes in this very Python environment (torchrun here), so that what
-    #: they import (the recipe, a ``_target_``) is checked here before anything starts; else the ranks import it
-    #: first thing where they run, and fail in one line naming the key (``driver.check_recipe``)
+    #: whether the ranks are this machine's processes in this Python (torchrun here): what they import (the recipe,
+    #: a ``_target_``) is checked here first; else the ranks import it where they run (``driver.check_recipe``)
     ranks_import_here: tp.ClassVar[bool] = False
-    #: seconds between two polls of the jobs' states while a sweep of them is waited for (its progress line:
-    #: :func:`automodel_hydra.progress.sweep_progress`); a scheduler is asked less often than local processes
+    #: seconds between two polls of the jobs' states while a sweep is waited for (its progress line)
     poll_s: tp.ClassVar[float] = 15.0
 
     @abc.abstractmethod
@@ -402,9 +399,13 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         with the work asked (a long profile); None where the launcher sets none (default)."""
         return None
 
+    def pending_note(self, reason: str) -> str:
+        """A pending job's reason as ``automodel-hydra status`` shows it: flagged, with the keys at fault, where it
+        means the job will not start as submitted; default: as the scheduler says it."""
+        return reason
+
     def env_vars(self, cfg: TrainConfig) -> tp.Mapping[str, str]:
-        """The variables the job's launcher section gives every rank as the user wrote them (``slurm.env_vars``,
-        ``skypilot.env_vars``), to tell whether the job chooses one itself; {} where it has none (default)."""
+        """The variables the launcher section gives every rank, as written (``slurm.env_vars``); {} by default."""
         return {}
 
     @abc.abstractmethod

@@ -484,9 +484,9 @@ def _backend_names() -> set[str]:
 def test_the_driver_and_the_cli_ask_the_backend_never_its_name() -> None:
     """No backend name (``"interactive"``, ``"slurm"``, ``"skypilot"``) is compared with anything, tested for
     membership or used as a table's key in the driver, the CLI, the progress line or the outcome reader, and no
-    launcher section (``cfg.slurm``, ``cfg.skypilot``) is read there: what differs between backends is a question of
-    ``plan.Backend`` (``ranks_import_here``, ``holds_run_lock``, ``poll_s``, ``time_limit_minutes``, ``env_vars``,
-    ...), answered by each backend."""
+    launcher section (``cfg.slurm``, ``cfg.skypilot``) is read and no backend's own module imported there: what
+    differs between backends is a question of ``plan.Backend`` (``ranks_import_here``, ``holds_run_lock``,
+    ``poll_s``, ``time_limit_minutes``, ``env_vars``, ``pending_note``, ...), answered by each backend."""
     names, found = _backend_names(), []
     mods = _modules()
     for mod in ASKING_MODULES:
@@ -503,6 +503,8 @@ def test_the_driver_and_the_cli_ask_the_backend_never_its_name() -> None:
                 consts = [c for c in ast.walk(part) if isinstance(c, ast.Constant)]
                 if any(c.value in names for c in consts):
                     found.append(f"{mod}:{node.lineno}: {ast.unparse(node)[:80]}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("automodel_hydra.backends."):
+                found.append(f"{mod}:{node.lineno}: imports {node.module}")  # a backend's own functions
     assert not found, found
 
 
@@ -521,6 +523,8 @@ def test_the_contract_answers_what_the_driver_asks(tmp_path: Path) -> None:
     assert local.time_limit_minutes(cfg()) is None and sky.time_limit_minutes(cfg(skypilot={})) is None
     assert slurm.env_vars(cfg(slurm={"env_vars": {"WANDB_RUN_ID": "x"}})) == {"WANDB_RUN_ID": "x"}
     assert sky.env_vars(cfg(skypilot={"env_vars": {"A": "1"}})) == {"A": "1"} and local.env_vars(cfg()) == {}
+    assert slurm.pending_note("PartitionTimeLimit").startswith("PartitionTimeLimit (will not start as submitted")
+    assert local.pending_note("PartitionTimeLimit") == "PartitionTimeLimit"
 
 
 #: The run dir's records: their file names, and the one module that reads and writes them.

@@ -26,7 +26,7 @@ from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODE
 from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
 from automodel_hydra.backends.slurm_config import SlurmConfig as SlurmConfig
 from automodel_hydra.backends.slurm_config import parse_slurm_time as parse_slurm_time
-from automodel_hydra.backends.slurm_limits import parse_sinfo, refuse_unfit
+from automodel_hydra.backends.slurm_limits import parse_sinfo, pending_note, refuse_unfit
 from automodel_hydra.backends.slurm_plan import (
     SCRIPT,
     TOKEN_FIELDS,
@@ -186,6 +186,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
 
     def env_vars(self, cfg: TrainConfig) -> tp.Mapping[str, str]:
         return cfg.slurm.env_vars if cfg.slurm is not None else {}
+
+    pending_note = staticmethod(pending_note)  # squeue(1)'s JOB REASON CODES, with the keys at fault
 
     def ranks_see_local_files(self, cfg: TrainConfig) -> bool:
         assert cfg.slurm is not None
