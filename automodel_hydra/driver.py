@@ -376,9 +376,8 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     model the ranks load can be fetched where they run, when that is this machine's filesystem (``here``: the
     backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`; SkyPilot nodes and containers fetch on
     their own). A ``_target_`` (or the recipe itself) that does not import on this machine is checked here only when
-    the ranks are this machine's processes (the backend's ``ranks_import_here``); for any other launcher it is left to
-    the ranks, which import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a
-    CPU login node).
+    the ranks are this machine's processes (``interactive``); for any other launcher it is left to the ranks, which
+    import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a CPU login node).
     Raises ValueError with one line."""
     from automodel_hydra import automodel_files, recipes
 
