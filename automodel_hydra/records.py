@@ -297,15 +297,16 @@ def read_cancel(launch: Path | str) -> Cancel | None:
     ``launch/cancelled`` mark (:data:`OLD_CANCEL_MARK`) reads as a cancel whose ``how`` is its text."""
     launch = Path(launch)
     rec = _read_json(launch / CANCEL_FILE)
-    if isinstance(rec, dict):
-        if rec.get("run_id") != read_run_id(launch):
-            return None
-        return Cancel(rec.get("by"), tuple(str(i) for i in rec.get("job_ids") or ()), rec.get("was"),
-                      rec.get("how") or None)
     try:
-        return Cancel(how=(launch / OLD_CANCEL_MARK).read_text().strip() or None)
+        old = Cancel(how=(launch / OLD_CANCEL_MARK).read_text().strip() or None)
     except OSError:
+        old = None
+    if not isinstance(rec, dict):
+        return old
+    if rec.get("run_id") != read_run_id(launch):
         return None
+    return Cancel(rec.get("by"), tuple(str(i) for i in rec.get("job_ids") or ()), rec.get("was"),
+                  rec.get("how") or (old.how if old is not None else None))
 
 
 def clear_cancel(launch: Path | str) -> None:

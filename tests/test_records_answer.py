@@ -76,5 +76,11 @@ def test_an_old_local_run_dirs_cancelled_mark_still_reads_as_its_cancel(tmp_path
     assert local_state(run) is JobState.CANCELLED
     assert Interactive().states([LocalRef(str(run), 0.0, 30.0, False)]) == [StateInfo(JobState.CANCELLED, "")]
     assert records.read_cancel(run / "launch") == records.Cancel(how="killed after 30 s: rank 1 (pid 12)")
+    # the previous version's `automodel-hydra cancel` also left cancel.json (who, ids, state), without `how`
+    (run / "launch" / "cancel.json").write_text(json.dumps({"job_ids": ["12"], "was": "RUNNING", "run_id": None,
+                                                            "by": "automodel-hydra cancel"}))
+    assert records.read_cancel(run / "launch") == records.Cancel("automodel-hydra cancel", ("12",), "RUNNING",
+                                                                 "killed after 30 s: rank 1 (pid 12)")
     records.clear_cancel(run / "launch")
     assert local_state(run) is JobState.FAILED
+    assert sorted(p.name for p in (run / "launch").iterdir()) == ["pid"]
