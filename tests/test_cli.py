@@ -218,7 +218,8 @@ def test_status_flags_pending_reasons_that_mean_never(tmp_path: Path, monkeypatc
 
     infos = [StateInfo(JobState.PENDING, "Priority"), StateInfo(JobState.PENDING, "PartitionConfig")]
     fake = types.SimpleNamespace(states=lambda refs: infos[: len(refs)], ref_from_record=lambda r: r,
-                                 fetch_results=lambda jobs: None)
+                                 fetch_results=lambda jobs: None,
+                                 pending_note=backends.get("slurm").pending_note)  # what a reason means: Slurm's
     monkeypatch.setattr(backends, "get", lambda name: fake)
     jobs = [{"backend": "slurm", "job_ids": [f"4_{i}"], "job_num": i, "overrides": [],
              "job_dir": str(tmp_path / str(i)), "job_name": "train", "log_path": None} for i in range(2)]
