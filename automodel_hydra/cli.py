@@ -841,6 +841,11 @@ def _note(record: Record, state: JobState, reason: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from automodel_hydra import argv as argv_shapes
+    from automodel_hydra import streams
+
+    # `status DIR | head -1`, `report DIR | head`: a reader that goes away costs the rest of the output, never the
+    # command's own work (report's files) nor its exit status (rich answers a broken pipe with SystemExit(1))
+    streams.best_effort()
 
     if argv and argv[0] not in _SUBCOMMANDS and argv_shapes.is_automodel_cli(argv):  # automodel-hydra cfg.yaml ...
         return launch_file(argv)
@@ -850,9 +855,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # CliError, and a backend's PreflightError (no sacct here, say)
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
-    except BrokenPipeError:  # `automodel-hydra status DIR | head`
-        sys.stderr.close()
-        return 0
 
 
 #: This CLI's own commands; anything else with a config file is one of AutoModel's CLI shapes.

@@ -347,13 +347,9 @@ def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None)
         if not _set_here and _FULL_ERROR in os.environ:  # set since by the user's own code: theirs to see
             raise
         line = describe(e)
-        if line is None and isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
-            # Hydra makes a single run's dir before the task function: a name too long is the run dir's
-            from automodel_hydra.paths import too_long
-
-            why = too_long(str(e.filename)) or "File name too long"
-            line = (f"hydra.run.dir={str(e.filename)!r} is invalid: {why}; choose a shorter hydra.run.dir (or "
-                    "hydra.job.name)")
+        long_name = name_too_long(e)
+        if line is None and long_name is not None:
+            line = name_too_long_line(long_name)
         if line is not None:
             print(f"error: {line}", file=sys.stderr)
             raise SystemExit(USER_ERROR_EXIT) from None
@@ -366,6 +362,34 @@ def run_hydra_main(main: tp.Callable[[], tp.Any], user_file: Path | None = None)
         raise SystemExit(1) from None
     finally:
         release()
+
+
+def name_too_long(error: BaseException) -> OSError | None:
+    """The ``ENAMETOOLONG`` error among ``error`` and its causes (``__cause__``, else ``__context__``), or None.
+    Hydra's logging set-up wraps the open of the job's log file in ``ValueError("Unable to configure handler
+    'file'")``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno == errno.ENAMETOOLONG:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def name_too_long_line(error: OSError) -> str:
+    """The one line for a path Hydra could not make before the task function ran: the run dir, or the job's log
+    file ``<run dir>/<hydra.job.name>.log`` (Hydra's default job_logging), naming the key whose value is too
+    long (:func:`automodel_hydra.paths.too_long`)."""
+    from automodel_hydra.paths import too_long
+
+    path = Path(str(error.filename))
+    why = too_long(path) or "File name too long"
+    if path.suffix == ".log" and path.parent.is_dir():  # the run dir was made: the job's name is too long
+        return (f"hydra.job.name={path.stem!r} is invalid: {why} (Hydra names the job's log file after it); "
+                "choose a shorter hydra.job.name")
+    return f"hydra.run.dir={str(path)!r} is invalid: {why}; choose a shorter hydra.run.dir (or hydra.job.name)"
 
 
 def release() -> None:

@@ -10,9 +10,11 @@ unread. Nothing else changes: the streams keep their file descriptors, encodings
 progress display stays live while someone reads), and what the job writes to its files (the job log, metrics,
 checkpoints, ``final_model/``, ``result.json``) never went through them.
 
-Called first thing by the launching command (:mod:`automodel_hydra.train`) and by every rank
-(:mod:`automodel_hydra.worker`). Python ignores SIGPIPE (writes fail with ``EPIPE`` instead of killing the
-process), so the write's error is where a reader's absence shows.
+Called first thing by the launching command (:mod:`automodel_hydra.train`), by every rank
+(:mod:`automodel_hydra.worker`), by a call job (:mod:`automodel_hydra.call`) and by the ``automodel-hydra`` commands
+(:mod:`automodel_hydra.cli`: ``status | head -1`` exits 0 and ``report | head`` still writes its files). Python
+ignores SIGPIPE (writes fail with ``EPIPE`` instead of killing the process), so the write's error is where a
+reader's absence shows.
 """
 
 from __future__ import annotations

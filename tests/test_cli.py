@@ -6,6 +6,7 @@ The Slurm side (states read from the real scheduler's sacct, scancel) is at the 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -377,6 +378,40 @@ def _png_title(path: Path) -> str:
 
     with Image.open(path) as img:
         return img.text["Title"]
+
+
+@contextlib.contextmanager
+def stdout_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> tp.Iterator[None]:
+    """This process's stdout is a pipe whose reader went away (``| head -1``). Entered in the test's body: pytest
+    sets its own capture as ``sys.stdout`` again between a fixture's set-up and the test."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w", buffering=1) as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        yield
+        monkeypatch.undo()
+
+
+def test_status_and_runs_into_a_closed_pipe_exit_0(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``automodel-hydra status | head -1`` under ``set -o pipefail``: the reader's leaving is not the command's
+    failure (rich answered the broken pipe with SystemExit(1))."""
+    with stdout_nobody_reads(monkeypatch):
+        assert cli.main(["runs"]) == 0
+        assert cli.main(["status"]) == 0
+        assert cli.main(["status", "--json"]) == 0
+
+
+@pytest.mark.slow  # matplotlib renders a PNG (~2 s)
+def test_report_into_a_closed_pipe_still_writes_its_files(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``automodel-hydra report S | head``: the table goes to nobody, the PNG and CSVs are still written."""
+    sweep = here / "multirun" / "2024-05-01" / "11-00-00"
+    for i in (0, 1):
+        (sweep / str(i) / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": s, "loss": 4.0 / (s + i)}) + "\n" for s in range(1, 6)))
+    with stdout_nobody_reads(monkeypatch):
+        assert cli.main(["report", str(sweep)]) == 0
+    assert (sweep / "report" / "loss.png").stat().st_size > 0
+    assert (sweep / "report" / "curves.csv").is_file() and (sweep / "report" / "final_metrics.csv").is_file()
 
 
 @pytest.mark.slow  # matplotlib renders a PNG (~2 s)

@@ -321,6 +321,12 @@ def test_a_name_too_long_for_the_filesystem_is_one_line_before_anything_is_made(
                              "dry_run=true"], env=_env(), capture_output=True, text=True, timeout=300)
     assert single.returncode == 2 and single.stderr.strip().startswith("error: hydra.run.dir=") \
         and "255-byte limit" in single.stderr and len(single.stderr.strip().splitlines()) == 1, single.stderr
+    # the job's name: Hydra opens <run dir>/<hydra.job.name>.log before any code of ours runs (was a traceback)
+    named = subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={tmp_path / 'R'}",
+                            f"hydra.job.name={long * 2}", "dry_run=true"], env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert named.returncode == 2 and named.stderr.strip().startswith(f"error: hydra.job.name='{long * 2}' is invalid")\
+        and "255-byte limit" in named.stderr and len(named.stderr.strip().splitlines()) == 1, named.stderr
 
 
 # ----------------------------------------------------------------------------------------------- small truths
