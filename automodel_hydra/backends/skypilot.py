@@ -261,11 +261,11 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     # the recipe's keys that change on the nodes (the bundled recipe's checkpoint dir, data file and model dir, a
     # <mount>/latest resume key) and its local reads there (another recipe's sections reach the nodes as written,
     # its reads at the same paths, its relative written dirs anchored under output_dir there)
-    keys, mounts = cfg.kind.on_nodes(cfg, root=root, out=out, mount=sc.checkpoint_mount, uploaded=facts.paths,
+    changed, mounts = cfg.kind.on_nodes(cfg, root=root, out=out, mount=sc.checkpoint_mount, uploaded=facts.paths,
                                      inside=[sc.checkpoint_mount] if bucket else [], where="the SkyPilot nodes",
                                      how=UPLOADED)
-    for key, value in keys.items():
-        node = _with_key(node, key.split("."), _yaml_path(value))
+    for dotted, value in changed.items():
+        node = _with_key(node, dotted.split("."), _yaml_path(value))
     file_mounts.update(mounts)
     if bucket:
         file_mounts[sc.checkpoint_mount] = _storage(bucket, sc.checkpoint_store)
