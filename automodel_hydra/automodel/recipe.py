@@ -35,7 +35,7 @@ import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
 
-from automodel_hydra.automodel import resume as automodel_resume
+from automodel_hydra.automodel import resume
 from automodel_hydra.automodel.files import split_sections
 
 if tp.TYPE_CHECKING:
@@ -62,7 +62,7 @@ def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     if node is not None and not isinstance(node, dict) or isinstance(node, dict) and "checkpoint_dir" in node:
         return sections
     out = dict(sections)
-    out["checkpoint"] = {**(node or {}), "checkpoint_dir": automodel_resume.AUTOMODEL_CHECKPOINT_DIR}
+    out["checkpoint"] = {**(node or {}), "checkpoint_dir": resume.AUTOMODEL_CHECKPOINT_DIR}
     return out
 
 
@@ -185,15 +185,15 @@ def with_resume(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.
     own key and default keep their meaning). Call it after the written dirs were made absolute."""
     import torch.distributed as td
 
-    wanted = automodel_resume.requested(sections)
-    if wanted is None or wanted.key != automodel_resume.KEY:  # the same on every rank: nothing to agree on
+    wanted = resume.requested(sections)
+    if wanted is None or wanted.key != resume.KEY:  # the same on every rank: nothing to agree on
         return sections
     resolved: tuple[str | None, str] | None = None
     group = td.is_available() and td.is_initialized() and td.get_world_size() > 1
     if dist.rank == 0 or not group:
         from nemo_automodel.components.checkpoint.utils import find_latest_checkpoint
 
-        resolved = automodel_resume.resolve(sections, find_latest_checkpoint)
+        resolved = resume.resolve(sections, find_latest_checkpoint)
     if group:
         box = [resolved]
         td.broadcast_object_list(box, src=0)
