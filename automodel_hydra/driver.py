@@ -354,19 +354,21 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
 
 def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
     """Where the newest checkpoint of stopped ``jobs`` is, for a stop line: ``newest checkpoint: PATH`` (the
-    newest complete one of the bundled recipe's checkpoint dir), else where to look."""
+    newest complete one in the checkpoint dir of this project's layout, the recipe kind's
+    :meth:`~automodel_hydra.recipe_kind.RecipeKind.checkpoint_dir`), else where to look."""
     from automodel_hydra.checkpoint import find_latest
 
     if not jobs:
         return "no checkpoint"
     if any(p.cfg.skypilot is not None for p in jobs):
         return "checkpoints: in the job's bucket or on its cluster (launch/sky_task.yaml, file_mounts)"
-    if any(p.cfg.kind.checkpoint_dir(p.cfg, p.job.job_dir) is None for p in jobs):
+    dirs = [p.cfg.kind.checkpoint_dir(p.cfg, p.job.job_dir) for p in jobs]  # None: the recipe's own layout
+    if dirs[0] is None or None in dirs:
         return "checkpoints: where the recipe's checkpoint section puts them"
     if len(jobs) > 1:
-        return f"checkpoints: each job's own ({checkpoint_path(jobs[0])}, ...)"
-    latest = find_latest(checkpoint_path(jobs[0]))
-    return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {checkpoint_path(jobs[0])}"
+        return f"checkpoints: each job's own ({dirs[0]}, ...)"
+    latest = find_latest(dirs[0])
+    return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {dirs[0]}"
 
 
 def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
