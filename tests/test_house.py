@@ -561,7 +561,7 @@ def test_no_module_outside_the_kinds_tests_which_kind_a_job_runs() -> None:
     """The config pipeline, the driver, the backends and the ranks ask the job's recipe kind
     (``cfg.kind``: :class:`automodel_hydra.recipe_kind.RecipeKind`) what they need, never which kind it is: no
     ``cfg.bundled`` / ``cfg.automodel`` flag, no comparison with a kind's name, no ``kind_of`` outside the kinds'
-    own modules (ten modules tested the flags, all three backends included)."""
+    own modules (eight modules tested them in 32 places, all three backends included)."""
     found = []
     for mod, path in _modules().items():
         if _kinds_own(mod):
