@@ -54,7 +54,7 @@ def for_user_config(argv: list[str]) -> list[str]:
     file of the bundled recipe every section) is set, adding it when the file lacks it (``slurm.nodes=2`` ->
     ``++slurm.nodes=2``; a launcher's only where the file has its section or the line chooses it, since the section
     routes the job); an unknown key there is still refused by the schema, naming it. For a file of an AutoModel
-    recipe, the resume key ``restore_from.path`` (:mod:`automodel_hydra.automodel_resume`, which its files seldom
+    recipe, the resume key ``restore_from.path`` (:mod:`automodel_hydra.automodel.resume`, which its files seldom
     have) is set the same way. A recipe's own keys keep Hydra's rule (the key must be in the file; AutoModel's
     ``--a.b=c`` adds it)."""
     if not _names_user_config(argv):
@@ -65,7 +65,6 @@ def for_user_config(argv: list[str]) -> list[str]:
     typed = _typed_sections(sections)
     # a launcher's section routes the job there: its keys are set only where the file has it or the command line
     # chooses that launcher (else driver.refuse_unselected_sections says to add launcher=...)
-    from automodel_hydra.automodel_resume import KEY as resume_key
     from automodel_hydra.sections import LAUNCHER_SECTIONS
 
     chosen = {a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("launcher=")}
@@ -81,7 +80,7 @@ def for_user_config(argv: list[str]) -> list[str]:
         elif _OVERRIDE.match(a) and not a.startswith(("+", "~")):
             if key in GROUPS and key not in in_defaults:
                 a = "+" + a
-            elif "/" not in key and key.split(".")[0] in typed or key == resume_key and _automodel(sections):
+            elif "/" not in key and key.split(".")[0] in typed or _settable(sections, key):
                 a = "++" + a
         out.append(a)
     keys = {a.split("=", 1)[0].lstrip("+~") for a in out if "=" in a}
@@ -97,14 +96,18 @@ def for_user_config(argv: list[str]) -> list[str]:
     return out
 
 
-def _automodel(sections: dict[str, tp.Any]) -> bool:
-    """Whether a user's file names an AutoModel recipe (:func:`automodel_hydra.recipe_names.kind_of`); False for
-    none, a function of the user's, or a ``recipe:`` value that is no recipe name (planning names that)."""
-    from automodel_hydra import recipe_names
+def _settable(sections: dict[str, tp.Any], key: str) -> bool:
+    """Whether a command line may add ``key`` to a user's file beyond the typed sections: one of its recipe kind's
+    :attr:`~automodel_hydra.recipe_kind.RecipeKind.settable_keys` (the kind is asked only for a key some kind
+    has); False for a ``recipe:`` value that is no recipe name (planning names that)."""
+    from automodel_hydra import recipe_kind
+    from automodel_hydra.recipe_names import RecipeError
 
+    if key not in recipe_kind.SETTABLE_KEYS:
+        return False
     try:
-        return sections.get("recipe") is not None and recipe_names.kind_of(sections["recipe"]) == "automodel"
-    except recipe_names.RecipeError:
+        return key in recipe_kind.for_file(sections).settable_keys
+    except RecipeError:
         return False
 
 

@@ -530,25 +530,19 @@ def restart_steps(metrics: list[dict[str, tp.Any]], job_dir: Path) -> list[int]:
 
 
 def automodel_log_dir(job_dir: Path) -> Path | None:
-    """Where a job's AutoModel recipe writes ``training.jsonl`` and ``validation*.jsonl``: its
-    ``checkpoint.checkpoint_dir`` as AutoModel reads it (:func:`automodel_hydra.automodel_resume.checkpoint_dir`),
-    a relative one under the job dir as the ranks anchor it (:mod:`automodel_hydra.paths`). From the job's
-    ``launch/job.yaml``; None for the bundled recipe, a dir only the ranks can resolve (``${VAR}``), or no spec."""
+    """Where a job's AutoModel recipe writes ``training.jsonl`` and ``validation*.jsonl``, from the job's
+    ``launch/job.yaml`` (:func:`automodel_hydra.recipe_kind.metrics_dir`); None for the bundled recipe, a dir only
+    the ranks can resolve (``${VAR}``), or no spec."""
     import yaml
 
-    from automodel_hydra.automodel_resume import checkpoint_dir
+    from automodel_hydra.recipe_kind import metrics_dir
 
     try:  # libyaml's loader where PyYAML has it: status reads one spec per job of a sweep
         spec = yaml.load((Path(job_dir) / LAUNCH_DIR / JOB_FILE).read_text(),
                          Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError):
         return None
-    if not isinstance(spec, dict) or spec.get("recipe") is None:
-        return None
-    value = checkpoint_dir(spec)
-    if "$" in value:
-        return None
-    return Path(job_dir) / os.path.expanduser(value)
+    return metrics_dir(spec, Path(job_dir)) if isinstance(spec, dict) else None
 
 
 #: AutoModel's JSON Lines records of a run, in its checkpoint dir (``recipes/llm/train_ft.py``, 0.7.0): one per

@@ -25,7 +25,6 @@ recipe's sections without any launcher section, so nothing of the submitting hos
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import os
@@ -44,9 +43,12 @@ from automodel_hydra.backends.slurm_config import SlurmConfig
 from automodel_hydra.envvars import Interp, expand, parse, render
 from automodel_hydra.failures import FailureBudget
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
-from automodel_hydra.interpolations import escape, omega_text, rank_interpolation_problems, resolve_plan_time
+from automodel_hydra.interpolations import escape, omega_text
 from automodel_hydra.paths import DEFAULT_CHECKPOINT_DIR, POINTER
 from automodel_hydra.schema import ConfigError, at_least, require
+
+if tp.TYPE_CHECKING:
+    from automodel_hydra.recipe_kind import RecipeKind
 
 # ----------------------------------------------------------------------------------------------- recipe
 
@@ -285,17 +287,12 @@ class TrainConfig:
         return str(self.checkpoint.under(self.output_dir))
 
     @property
-    def bundled(self) -> bool:
-        """Whether the ranks run this project's own recipe (typed sections) rather than another one."""
-        return self.recipe is None
+    def kind(self) -> RecipeKind:
+        """What the recipe's kind answers (the bundled recipe, an AutoModel recipe class, a user's function:
+        :mod:`automodel_hydra.recipe_kind`): the backends and the driver ask it, never which kind it is."""
+        from automodel_hydra import recipe_kind
 
-    @property
-    def automodel(self) -> bool:
-        """Whether the ranks run an AutoModel recipe class (``recipes.kind_of``): AutoModel's launcher defaults and
-        template settings apply to it, not to the bundled recipe nor to a user's function."""
-        from automodel_hydra import recipe_names as recipes
-
-        return recipes.kind_of(self.recipe) == "automodel"
+        return recipe_kind.for_recipe(self.recipe)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -430,7 +427,7 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
     assert isinstance(container, dict)
     data = {str(k): v for k, v in container.items() if k != "hydra"}
     if "nemo_run" in data:  # AutoModel's NeMo-Run launcher section: ours where it maps, else one line
-        from automodel_hydra.nemo_run_section import translate
+        from automodel_hydra.automodel.nemo_run import translate
 
         given = [k for k in table.LAUNCHER_SECTIONS if data.get(k)]
         for section, values in translate(data.pop("nemo_run"), given).items():
@@ -438,33 +435,20 @@ def load_data(cfg: DictConfig | dict[str, tp.Any], environ: tp.Mapping[str, str]
     _launcher_fields(cfg, data, os.environ if environ is None else environ)
     if data.get("recipe") is not None:  # another recipe: its sections are its own, passed on untouched
         _normalise_aliases(data, table.LAUNCH_KEYS)
-        from automodel_hydra import recipe_names as recipes
+        from automodel_hydra import recipe_kind
 
-        kind = recipes.kind_of(data["recipe"])
-        if isinstance(data.get("slurm"), dict) and kind == "automodel":  # AutoModel's meaning for what is left out
-            from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS
-
+        kind = recipe_kind.for_recipe(data["recipe"])
+        if isinstance(data.get("slurm"), dict):  # the kind's meaning for what the file leaves out
             data["slurm"] = dict(data["slurm"])
-            for key, value in AUTOMODEL_DEFAULTS.items():
+            for key, value in kind.slurm_defaults(data["recipe"]).items():
                 mine = data["slurm"].get(key)
                 if isinstance(value, dict) and isinstance(mine, dict):  # sbatch_args: the file's options on top
-                    data["slurm"][key] = {**copy.deepcopy(value), **mine}
+                    data["slurm"][key] = {**value, **mine}
                 else:
-                    data["slurm"].setdefault(key, copy.deepcopy(value))
-        elif isinstance(data.get("slurm"), dict) and kind == "callable":  # named after the user's function
-            data["slurm"] = {"job_name": recipes.recipe_target(data["recipe"]), **data["slurm"]}
+                    data["slurm"].setdefault(key, value)
         sections = {k: v for k, v in data.items() if k not in table.LAUNCH_KEYS or k in table.RECIPE_KEEPS}
-        if kind == "automodel":  # the resume keys' meaning for AutoModel's recipe (automodel_resume), one line
-            from automodel_hydra import automodel_resume
-
-            for problem in automodel_resume.problems(sections):
-                raise problem
         data = {k: v for k, v in data.items() if k in table.LAUNCH_KEYS and k not in table.BUNDLED_KEYS}
-        sections = resolve_plan_time(sections)
-        if kind == "callable":
-            for problem in rank_interpolation_problems(sections):
-                raise problem
-        data["recipe_sections"] = escape(sections)
+        data["recipe_sections"] = escape(kind.rank_sections(sections))
     else:
         _normalise_aliases(data)
     # OmegaConf's merge names no key for a list given to a section or a mapping ("Cannot merge DictConfig with
@@ -485,61 +469,18 @@ def _build(data: dict[str, tp.Any]) -> TrainConfig:
 def check_world(cfg: TrainConfig, world_size: int) -> None:
     """Rules that need the job's world size (ranks), checked at plan time so that a job never waits in a queue
     only to fail at its first step: the global batch is a whole number of micro-batches of all ranks (the
-    bundled recipe's rule, and AutoModel's ``StepScheduler``'s for its ``step_scheduler`` section, whose
-    replicas are the data-parallel ranks: :func:`automodel_files.data_parallel_size`). Raises ConfigError naming
-    the key."""
-    if cfg.bundled:
-        cfg.step_scheduler.grad_accumulation(world_size)
-        return
-    steps = cfg.recipe_sections.get("step_scheduler")
-    if isinstance(steps, dict):
-        from automodel_hydra.automodel_files import data_parallel_size
-
-        gbs, lbs = steps.get("global_batch_size"), steps.get("local_batch_size")
-        dp = data_parallel_size(cfg.recipe_sections, world_size)
-        if isinstance(gbs, int) and isinstance(lbs, int) and lbs > 0:
-            what = "world size" if dp == world_size else f"data-parallel size (of world size {world_size})"
-            require(gbs % (lbs * dp) == 0, "step_scheduler.global_batch_size", gbs,
-                    f"a multiple of step_scheduler.local_batch_size * {what} = {lbs} * {dp} = {lbs * dp}")
+    bundled recipe's rule, and AutoModel's ``StepScheduler``'s for another recipe's ``step_scheduler`` section,
+    whose replicas are the data-parallel ranks: :meth:`automodel_hydra.automodel.kind.OwnSections.check_world`).
+    Raises ConfigError naming the key."""
+    cfg.kind.check_world(cfg, world_size)
 
 
 def host_problems(cfg: TrainConfig) -> list[ConfigError]:
     """Paths the ranks will read, checked on the submitting host (the same filesystem for local and bare-metal
-    Slurm jobs): ``data.path``, ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet); for an
-    AutoModel recipe its dataset paths (:func:`automodel_hydra.paths.missing_here`) and its resume keys instead
-    (:func:`automodel_hydra.automodel_resume.host_problems`), for a function recipe nothing (its sections are its
-    own)."""
-    from automodel_hydra.paths import METADATA, POINTER, missing_here, pointer_dir, step_of
-
-    if cfg.automodel:  # its resume keys, in AutoModel's layout; the bundled recipe's keys are not its
-        from automodel_hydra import automodel_resume
-
-        written = automodel_resume.checkpoint_dir(cfg.recipe_sections)  # relative: under the job dir (paths.py)
-        own = None if "$" in written else os.path.normpath(Path(cfg.output_dir) / os.path.expanduser(written))
-        return [*missing_here(cfg), *automodel_resume.host_problems(cfg.recipe_sections, own)]
-    if not cfg.bundled:
-        return []
-    problems = []
-    if cfg.data.source != "pydoc" and cfg.data.path and not Path(cfg.data.path).is_file():
-        problems.append(ConfigError("data.path", cfg.data.path, "an existing file"))
-    path = cfg.restore_from.path
-    source = pointer_dir(path)
-    if source is not None:  # D/latest: D need not exist yet (a first run starts fresh), but must be a dir
-        if source.exists() and not source.is_dir():
-            problems.append(ConfigError("restore_from.path", path, f"{source} is not a directory; valid: 'latest', "
-                                        "null, D/latest for a checkpoint dir D, or a step-N checkpoint dir"))
-        return problems
-    if path not in (None, POINTER) and not Path(path).is_dir():
-        problems.append(ConfigError("restore_from.path", path,
-                                    "'latest', null, or an existing checkpoint directory (a step-N dir)"))
-    elif path not in (None, POINTER) and cfg.checkpoint.enabled and not (Path(path) / METADATA).is_file():
-        # what the recipe would find only after the ranks started (checkpoint.py: a DCP dir has .metadata)
-        steps = sorted((step, p) for p in Path(path).iterdir()
-                       if (step := step_of(p.name)) is not None and (p / METADATA).is_file())
-        hint = f" (this dir holds checkpoints: e.g. {steps[-1][1]})" if steps else ""
-        problems.append(ConfigError("restore_from.path", path, "it holds no checkpoint (no .metadata); valid: "
-                                    f"'latest', null, or a step-N checkpoint dir{hint}"))
-    return problems
+    Slurm jobs), as the recipe's kind names them (:meth:`automodel_hydra.recipe_kind.RecipeKind.host_problems`):
+    the bundled recipe's ``data.path`` and ``restore_from.path`` (``D/latest``: ``D`` a dir or not there yet); an
+    AutoModel recipe's dataset paths and resume keys; nothing for a function recipe (its sections are its own)."""
+    return cfg.kind.host_problems(cfg)
 
 
 @functools.lru_cache(maxsize=1)
@@ -555,11 +496,7 @@ def rank_spec(cfg: TrainConfig) -> dict[str, tp.Any]:
     spec = dataclasses.asdict(cfg)
     for section in table.NOT_FOR_RANKS:
         spec.pop(section, None)
-    if cfg.bundled:
-        spec.pop("recipe", None)
-        return spec
-    ours = {k: spec[k] for k in table.FOR_EVERY_RANK}  # the recipe's sections as written, ``seed`` included
-    return {**cfg.recipe_sections, **ours}
+    return cfg.kind.rank_spec(cfg, spec)
 
 
 def load_rank(spec: DictConfig | dict[str, tp.Any]) -> TrainConfig:

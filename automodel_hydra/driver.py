@@ -354,19 +354,21 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
 
 def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
     """Where the newest checkpoint of stopped ``jobs`` is, for a stop line: ``newest checkpoint: PATH`` (the
-    newest complete one of the bundled recipe's checkpoint dir), else where to look."""
+    newest complete one in the checkpoint dir of this project's layout, the recipe kind's
+    :meth:`~automodel_hydra.recipe_kind.RecipeKind.checkpoint_dir`), else where to look."""
     from automodel_hydra.checkpoint import find_latest
 
     if not jobs:
         return "no checkpoint"
     if not all(backends.get(p.cfg.backend).ranks_write_job_dir for p in jobs):  # on their own nodes or bucket
         return "checkpoints: in the job's bucket or on its cluster (launch/sky_task.yaml, file_mounts)"
-    if not all(p.cfg.bundled for p in jobs):
+    dirs = [p.cfg.kind.checkpoint_dir(p.cfg, p.job.job_dir) for p in jobs]  # None: the recipe's own layout
+    if dirs[0] is None or None in dirs:
         return "checkpoints: where the recipe's checkpoint section puts them"
     if len(jobs) > 1:
-        return f"checkpoints: each job's own ({checkpoint_path(jobs[0])}, ...)"
-    latest = find_latest(checkpoint_path(jobs[0]))
-    return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {checkpoint_path(jobs[0])}"
+        return f"checkpoints: each job's own ({dirs[0]}, ...)"
+    latest = find_latest(dirs[0])
+    return f"newest checkpoint: {latest}" if latest else f"no checkpoint yet in {dirs[0]}"
 
 
 def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
@@ -379,34 +381,21 @@ def check_recipe(cfg: config.TrainConfig, seen: set[str], here: bool) -> None:
     the ranks are this machine's processes (``interactive``); for any other launcher it is left to the ranks, which
     import it first thing and fail in one line naming the key (Transformer Engine's FusedAdam on a CPU login node).
     Raises ValueError with one line."""
-    from automodel_hydra import automodel_files, recipes
+    from automodel_hydra import recipes
 
     ranks_here = backends.get(cfg.backend).ranks_import_here  # the ranks import in this very environment
-    if not cfg.bundled:
-        target = recipes.recipe_target(cfg.recipe)
-        if target is not None and target not in seen:
-            seen.add(target)
-            try:
-                recipe = recipes.resolve(cfg.recipe)
-            except recipes.RecipeError:
-                if ranks_here or _answerable(target):
-                    raise
-                log.info("recipe=%s does not import on this machine: the ranks import it first thing, where they "
-                         "run (%s)", target, cfg.backend)
-                recipe = None
-            if recipe is not None and recipe.kind == "automodel":
-                sections = automodel_files.split_sections(cfg.recipe_sections)[1]
-                for key, name in automodel_files.validate_recipe_sections(sections, allow_unset_env=not here,
-                                                                          ranks_here=ranks_here):
-                    log.info("%s=%s does not import on this machine: the ranks import it first thing, where they "
-                             "run (%s)", key, name, cfg.backend)
-        models = [name for _, name in automodel_files.model_names(cfg.recipe_sections)]
-    else:
-        models = [cfg.model.name_or_path] if cfg.model.name_or_path else []
-    for name in models:
-        if here and name not in seen and "${" not in name:
-            seen.add(name)
-            automodel_files.check_model_fetchable(name)
+    target = recipes.recipe_target(cfg.recipe)
+    recipe = None
+    if target is not None and target not in seen:
+        seen.add(target)
+        try:
+            recipe = recipes.resolve(cfg.recipe)
+        except recipes.RecipeError:
+            if ranks_here or _answerable(target):
+                raise
+            log.info("recipe=%s does not import on this machine: the ranks import it first thing, where they "
+                     "run (%s)", target, cfg.backend)
+    cfg.kind.check_recipe(cfg, recipe, seen, here, ranks_here, note=lambda line: log.info("%s", line))
 
 
 def _answerable(target: str) -> bool:
@@ -480,10 +469,11 @@ def kept_result(p: Prepared, here: bool) -> JobResult | None:
     ``step_scheduler.max_steps`` while its ``result.json`` holds the loss of that same step. Starting it would
     train no step; its outcome is the earlier result (COMPLETED), kept as it is. Where this cannot be known here
     (another recipe, a container, SkyPilot) the rank keeps it instead (:func:`automodel_hydra.worker.write_result`)."""
-    if not p.cfg.bundled or not here or p.job.call is not None:
+    max_steps = p.cfg.kind.max_steps(p.cfg)
+    if max_steps is None or not here or p.job.call is not None:
         return None
     found = resume_step(p)
-    if found is None or found[0] != p.cfg.step_scheduler.max_steps:
+    if found is None or found[0] != max_steps:
         return None
     try:
         earlier = json.loads(p.job.result_file.read_text())
@@ -506,10 +496,10 @@ def refuse_finished_resume(p: Prepared, here: bool) -> None:
     it would train nothing and report no loss. Checked where the ranks see this machine's files (``here``: the
     backend's :meth:`~automodel_hydra.plan.Backend.ranks_see_local_files`). Raises ConfigError naming the key, the
     checkpoint's step and path, and the fix."""
-    if not p.cfg.bundled or not here:
+    max_steps = p.cfg.kind.max_steps(p.cfg)
+    if max_steps is None or not here:
         return
     found = resume_step(p)
-    max_steps = p.cfg.step_scheduler.max_steps
     if found is not None and found[0] > max_steps:
         step, path = found
         raise ConfigError("step_scheduler.max_steps", max_steps,

@@ -54,7 +54,7 @@ if tp.TYPE_CHECKING:
 POINTER = "latest"
 METADATA = ".metadata"
 #: The bundled recipe's checkpoint dir when ``checkpoint.dir`` is null, under the job's output dir (AutoModel's own
-#: default, ``checkpoint.checkpoint_dir: checkpoints/``, is the same name: automodel_hydra.automodel_resume).
+#: default, ``checkpoint.checkpoint_dir: checkpoints/``, is the same name: automodel_hydra.automodel.resume).
 DEFAULT_CHECKPOINT_DIR = "checkpoints"
 #: A checkpoint's step dir, ``step-N``: N is the optimizer step it was saved after (:func:`step_dir_name`).
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -88,6 +88,23 @@ def pointer_dir(path: str | os.PathLike | None) -> Path | None:
 WRITTEN_DIR_KEYS = ("checkpoint_dir", "ckpt_dir", "save_dir", "log_dir", "output_dir")
 
 
+def path_form(value: str) -> tp.Literal["absolute", "home", "relative"] | None:
+    """What ``value`` is by its form alone: ``absolute`` (``/...``), ``home`` (``~...``: the home of whoever
+    reads it), ``relative`` (``.``, ``./...``, ``../...``, or more ``/`` than a Hub id has), else None: a
+    URL (``hf://``, ``s3://``) or what may be a Hub id (``name`` or ``org/name``, huggingface_hub's form), which is
+    a local path only if it exists where it is read (transformers' ``from_pretrained`` and AutoModel's
+    ``_str_is_hf_repo_id`` both look for the path first). Pure: reads no filesystem."""
+    if "://" in value:
+        return None
+    if value.startswith("/"):
+        return "absolute"
+    if value.startswith("~"):
+        return "home"
+    if value in (".", "..") or value.startswith(("./", "../")) or value.count("/") > 1:
+        return "relative"
+    return None
+
+
 def _relative(value: tp.Any) -> bool:
     """A plain relative path: a non-empty string, no interpolation or shell reference (those are resolved where
     the rank runs, and mean there what they mean)."""
@@ -118,21 +135,18 @@ def anchored_sections(sections: tp.Mapping[str, tp.Any], output_dir: str | os.Pa
     return out
 
 
+def written_keys(sections: tp.Mapping[str, tp.Any]) -> list[tuple[str, str]]:
+    """``(dotted key, value)`` of every written-dir key (:data:`WRITTEN_DIR_KEYS`) anywhere in a recipe's
+    sections whose value is a string, as written, in order."""
+    return [(key, value) for key, value, _, _ in _walk(dict(sections), "")]
+
+
 def written_dirs(cfg: TrainConfig, job_dir: Path) -> list[tuple[str, Path]]:
     """``(key, absolute path)`` of every dir the job writes, as the ranks will resolve it (relative ones under
-    ``job_dir``): the job dir (key ``output_dir``), then the checkpoint and profile dirs. Values the submitting
-    side cannot resolve (``${VAR}``, interpolations) are left out."""
-    found: list[tuple[str, Path]] = [("output_dir", job_dir)]
-    if cfg.bundled:
-        if cfg.checkpoint.enabled:
-            found.append(("checkpoint.dir", cfg.checkpoint.under(job_dir)))
-        if cfg.profile.nsys.enabled and cfg.profile.nsys.output_dir:
-            found.append(("profile.nsys.output_dir", Path(job_dir) / cfg.profile.nsys.output_dir))
-    else:
-        sections = {k: v for k, v in cfg.recipe_sections.items() if k != "output_dir"}
-        for key, value, _, _ in _walk(sections, ""):
-            if value.strip() and "$" not in value:
-                found.append((key, Path(job_dir) / os.path.expanduser(value)))
+    ``job_dir``): the job dir (key ``output_dir``), then the recipe's own (its kind's answer,
+    :meth:`automodel_hydra.recipe_kind.RecipeKind.written_dirs`: the checkpoint and profile dirs). Values the
+    submitting side cannot resolve (``${VAR}``, interpolations) are left out."""
+    found: list[tuple[str, Path]] = [("output_dir", job_dir), *cfg.kind.written_dirs(cfg, job_dir)]
     return [(k, Path(os.path.normpath(p))) for k, p in found]
 
 
@@ -208,42 +222,11 @@ def write_problems(cfg: TrainConfig, job_dir: Path | None = None, everywhere: bo
 
 
 def read_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
-    """``(key, value)`` of every Hub id or local path the job's ranks read, as written: for the bundled recipe its
-    ``data.path`` (``data.source`` file or jsonl) and ``model.name_or_path``; for another recipe every model and
-    dataset key of its sections (:func:`automodel_hydra.automodel_files.read_path_values`)."""
-    from automodel_hydra.automodel_files import read_path_values
-
-    if not cfg.bundled:
-        return read_path_values(cfg.recipe_sections)
-    found = [("data.path", cfg.data.path)] if cfg.data.source != "pydoc" and cfg.data.path else []
-    if cfg.model.name_or_path:
-        found.append(("model.name_or_path", cfg.model.name_or_path))
-    return [(k, v) for k, v in found if "$" not in v]
-
-
-def missing_here(cfg: TrainConfig) -> list[ConfigError]:
-    """The dataset files and dirs among :func:`read_paths` of another recipe that do not exist on this machine, for
-    ranks that read this machine's files (torchrun here, bare-metal Slurm: :func:`automodel_hydra.config.host_problems`;
-    where they do not, :func:`local_reads` refuses them): one ConfigError each, naming the key and the value.
-
-    Only values that are a path by their form are looked up (:func:`automodel_hydra.automodel_files.path_form`:
-    absolute or ``~``, the ranks' user being this one); a Hub dataset id (``name``, ``org/name``) or a URL is left
-    to AutoModel's loader, and a relative path to the ranks' working dir (``hydra.job.chdir``, ``slurm.chdir`` may
-    make it another one). Model keys are :func:`automodel_hydra.automodel_files.check_model_fetchable`'s (a model
-    dir must also hold ``config.json``)."""
-    from automodel_hydra.automodel_files import MODEL_KEY, path_form
-
-    if cfg.bundled:
-        return []
-    problems = []
-    for key, value in read_paths(cfg):
-        if key.rpartition(".")[2] == MODEL_KEY or path_form(value) not in ("absolute", "home"):
-            continue
-        here = os.path.expanduser(value)
-        if not os.path.exists(here):
-            problems.append(ConfigError(key, value, f"{here} does not exist on this machine, where the ranks read "
-                                        "it; valid: an existing file or dir, or a Hugging Face Hub dataset id"))
-    return problems
+    """``(key, value)`` of every Hub id or local path the job's ranks read, as written (its kind's answer,
+    :meth:`automodel_hydra.recipe_kind.RecipeKind.read_paths`): for the bundled recipe its ``data.path``
+    (``data.source`` file or jsonl) and ``model.name_or_path``; for another recipe every model and dataset key of
+    its sections (:func:`automodel_hydra.automodel.files.read_path_values`)."""
+    return cfg.kind.read_paths(cfg)
 
 
 def local_reads(cfg: TrainConfig, where: str, how: str, *, check_here: bool = True, relative_ok: bool = False,
@@ -252,7 +235,7 @@ def local_reads(cfg: TrainConfig, where: str, how: str, *, check_here: bool = Tr
     nodes"), shipped there the ``how`` way (e.g. "uploaded to ... at the same path"), as ``(key, path the ranks
     read, source here)``: the path normalised (no trailing ``/``), the source its real path here.
 
-    A value is a local path by :func:`automodel_hydra.automodel_files.path_form`, or when it exists here (a bare
+    A value is a local path by :func:`path_form`, or when it exists here (a bare
     ``name`` / ``org/name`` that is not a dir or file here is a Hub id, as transformers and AutoModel decide).
     ``check_here=False``: the paths are another machine's (a Slurm login node through ``slurm.tunnel``), so
     nothing is looked up here and absolute paths are taken as they are. ``relative_ok``: a relative path is left
@@ -261,8 +244,6 @@ def local_reads(cfg: TrainConfig, where: str, how: str, *, check_here: bool = Tr
 
     Raises ConfigError, one line naming the key, the value and what to write: a relative or ``~`` path (it would
     name another dir there: the absolute path here is given), an absolute path that does not exist here."""
-    from automodel_hydra.automodel_files import path_form
-
     out = []
     for key, value in read_paths(cfg):
         form = path_form(value)

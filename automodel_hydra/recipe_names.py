@@ -20,7 +20,8 @@ from automodel_hydra.schema import UserError
 #: The bundled recipe, run when a job names none.
 BUNDLED = "automodel_hydra.recipes.llm_finetune.train"
 
-RecipeKind = tp.Literal["bundled", "automodel", "callable"]
+#: The kinds of recipe, by name (:mod:`automodel_hydra.recipe_kind` has what each answers).
+KindName = tp.Literal["bundled", "automodel", "callable"]
 
 _VALID = ("omit it (the bundled recipe), an AutoModel recipe class name (e.g. "
           "TrainFinetuneRecipeForNextTokenPrediction), a dotted path module.Class, {_target_: ...}, "
@@ -45,7 +46,7 @@ def recipe_target(spec: tp.Any) -> str | None:
     raise RecipeError(f"recipe={what} is not a recipe name; valid: {_VALID}")
 
 
-def kind_of(spec: tp.Any) -> RecipeKind:
+def kind_of(spec: tp.Any) -> KindName:
     """The kind :func:`resolve` finds for a ``recipe:`` value, without importing NeMo AutoModel: bundled (None), an
     AutoModel recipe (a bare class name, which only AutoModel's recipes answer; a name under ``nemo_automodel.``;
     a class of the user's), or a callable (a function of the user's). A user's module is imported to tell a class
@@ -61,7 +62,7 @@ def kind_of(spec: tp.Any) -> RecipeKind:
 
 
 @functools.lru_cache(maxsize=64)
-def _kind_of_target(target: str) -> RecipeKind:
+def _kind_of_target(target: str) -> KindName:
     if ":" not in target and "." not in target or target.startswith("nemo_automodel."):
         return "automodel"
     try:

@@ -25,7 +25,7 @@ import typing as tp
 #: ``shared``    the bundled recipe's, and a key any command line may set whatever the recipe; another recipe's
 #:               own when another runs (158 of AutoModel's example files have a top-level ``seed`` its recipes read)
 #: ``consumed``  read while composing or loading, never kept: Hydra's own config, AutoModel's NeMo-Run section
-#:               (translated into ours: :mod:`automodel_hydra.nemo_run_section`), a file's ``launcher`` choice
+#:               (translated into ours: :mod:`automodel_hydra.automodel.nemo_run`), a file's ``launcher`` choice
 #: ``filled``    filled by ``config.load`` (another recipe's sections, set apart), never set by a user
 Role = tp.Literal["launcher", "launch", "rank", "job", "recipe", "shared", "consumed", "filled"]
 

@@ -348,7 +348,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
             recipe = recipes.resolve(cfg.recipe)  # the bundled recipe, an AutoModel recipe or a user's function
             start_attempt(launch, env.rank, start, restart, requeue)
             capture = capture_range(cfg, env.rank)
-            result = recipes.run_recipe(recipe, cfg if cfg.bundled else cfg.recipe_sections, dist_env,
+            result = recipes.run_recipe(recipe, cfg.kind.rank_config(cfg), dist_env,
                                         should_stop=stop, output_dir=cfg.output_dir)
             if capture is not None:
                 capture.close()
@@ -499,12 +499,12 @@ def capture_range(cfg: tp.Any, rank: int) -> tp.Any:
     ``benchmark.nsys_start``)."""
     from automodel_hydra import profile
 
-    if not cfg.profile.nsys.enabled or cfg.bundled:
+    if not cfg.profile.nsys.enabled:
         return None
-    if profile.recipe_controls_range(cfg.recipe_sections):
-        if rank == 0:
-            log.info("nsys capture range: the recipe's own (benchmark.nsys_start/nsys_end); profile.nsys.start_step"
-                     " and stop_step are not used")
+    own = cfg.kind.own_capture_range(cfg)
+    if own is not None:
+        if own and rank == 0:
+            log.info("%s", own)
         return None
     return profile.StepRange(cfg.profile.nsys, rank).install()
 

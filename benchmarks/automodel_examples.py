@@ -150,7 +150,7 @@ GAPS: tuple[tuple[str, str], ...] = (
 BUG_MARK = "an unexpected error, not a mistake in the config"
 TRACEBACK = "Traceback (most recent call last)"
 #: In the dry run's warning for an AutoModel recipe planned for torchrun on a host without CUDA
-#: (``automodel_hydra.recipes.automodel.NEEDS_GPU_HOST``; a real run is refused with it).
+#: (``automodel_hydra.automodel.recipe.NEEDS_GPU_HOST``; a real run is refused with it).
 NEEDS_GPU_HOST = "needs a GPU host"
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from automodel_hydra.automodel_files import (
+from automodel_hydra.automodel.files import (
     ModelNotFetchableError,
     RecipeSectionError,
     check_model_fetchable,
@@ -206,7 +206,8 @@ def test_read_path_values_are_the_model_and_dataset_keys_a_rank_loads() -> None:
     """Every ``pretrained_model_name_or_path`` and the dataset sections' path keys (lists entered), in order; not a
     written dir, a value with ``$``, a switched-off ``_`` section or a path key outside a dataset section. The form
     alone tells absolute, ``~`` and relative paths from what may be a Hub id or is a URL."""
-    from automodel_hydra.automodel_files import path_form, read_path_values
+    from automodel_hydra.automodel.files import read_path_values
+    from automodel_hydra.paths import path_form
 
     sections = {"model": {"pretrained_model_name_or_path": "/data/m",
                           "config": {"pretrained_model_name_or_path": "meta-llama/Llama-3.2-1B"}},

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from automodel_hydra import automodel_files, config, driver
+from automodel_hydra import config, driver
+from automodel_hydra.automodel import files as automodel_files
 
 pytestmark = [pytest.mark.automodel]
 pytest.importorskip("nemo_automodel")

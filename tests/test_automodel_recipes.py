@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
+from automodel_hydra.automodel.recipe import recipe_sections, with_stop_signals
 from automodel_hydra.recipes import BUNDLED, Recipe, RecipeError, recipe_target, resolve, run_recipe
-from automodel_hydra.recipes.automodel import recipe_sections, with_stop_signals
 from tests.automodel_assets import CPU_STANDIN, rank_env
 
 STANDIN = CPU_STANDIN / "worker_standin.py"
@@ -210,7 +210,7 @@ def test_recipe_sections_drop_launcher_keys_and_keep_env_references() -> None:
 @pytest.mark.automodel
 def test_build_config_keeps_automodel_meaning_of_env_references(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("nemo_automodel")
-    from automodel_hydra.recipes.automodel import build_config
+    from automodel_hydra.automodel.recipe import build_config
 
     monkeypatch.delenv("AMH_TEST_DIR", raising=False)
     sections = {"model": {"path": "${AMH_TEST_DIR,/models/default}", "lr": "1e-5"},
@@ -334,7 +334,7 @@ class FakeRecipe:
 @pytest.fixture
 def fake_automodel(monkeypatch: pytest.MonkeyPatch) -> tp.Iterator[None]:
     """run() without AutoModel's loader: the config object is the plain sections (signals added)."""
-    from automodel_hydra.recipes import automodel
+    from automodel_hydra.automodel import recipe as automodel
 
     monkeypatch.setattr(automodel, "build_config", lambda sections: with_stop_signals(dict(sections)))
     logging.getLogger("automodel_hydra.worker")  # exists before the recipe runs, as in the worker

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from automodel_hydra import automodel_resume, config
+from automodel_hydra import config
+from automodel_hydra.automodel import resume as automodel_resume
 from automodel_hydra.backends import skypilot, slurm
 from automodel_hydra.backends.interactive import Interactive
 from automodel_hydra.plan import JobSpec

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra import config, recipes
-from automodel_hydra.automodel_files import data_parallel_size
+from automodel_hydra.automodel.files import data_parallel_size
 from automodel_hydra.backends import slurm
 from automodel_hydra.plan import JobSpec
 from automodel_hydra.schema import ConfigError

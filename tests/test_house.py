@@ -644,3 +644,72 @@ def test_help_lists_every_section_a_user_can_set_from_the_schema() -> None:
     text = train.help_keys()
     for name, keys in listed.items():
         assert all(k in text for k in keys) and (not name or f"  {name} " in text)
+
+
+# ----------------------------------------------------------------------------------------------- AutoModel's room
+
+#: The kinds' own modules: the interface and the bundled and function kinds, the names of kinds, the resolver and
+#: runner of recipes, and AutoModel's package. Only these may tell one kind from another.
+KIND_MODULES = ("automodel_hydra.recipe_kind", "automodel_hydra.recipe_names", "automodel_hydra.recipes",
+                "automodel_hydra.automodel")
+KIND_NAMES = ("bundled", "automodel", "callable")
+
+
+def _kinds_own(mod: str) -> bool:
+    return any(mod == k or mod.startswith(k + ".") for k in KIND_MODULES)
+
+
+def test_no_module_outside_the_kinds_tests_which_kind_a_job_runs() -> None:
+    """The config pipeline, the driver, the backends and the ranks ask the job's recipe kind
+    (``cfg.kind``: :class:`automodel_hydra.recipe_kind.RecipeKind`) what they need, never which kind it is: no
+    ``cfg.bundled`` / ``cfg.automodel`` flag, no comparison with a kind's name, no ``kind_of`` outside the kinds'
+    own modules (eight modules tested them in 32 places, all three backends included)."""
+    found = []
+    for mod, path in _modules().items():
+        if _kinds_own(mod):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            flag = isinstance(node, ast.Attribute) and node.attr in ("bundled", "automodel", "kind_of")
+            named = isinstance(node, ast.Compare) and any(
+                isinstance(c, ast.Constant) and c.value in KIND_NAMES for c in [node.left, *node.comparators])
+            if flag or named:
+                found.append(f"{mod}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "kind_of" for a in node.names):
+                found.append(f"{mod}:{node.lineno} imports kind_of")
+    assert found == []
+
+
+def test_automodel_lives_in_its_own_package_reached_through_the_kind_interface() -> None:
+    """AutoModel's support is the ``automodel_hydra/automodel/`` package (its kind, files, resume keys, recipe runner
+    and ``nemo_run:`` section); outside it only the kinds' interface (``recipe_kind``) imports it, and the config
+    pipeline its ``nemo_run:`` translation (a launcher section of any file, read whatever the recipe)."""
+    mods = _modules()
+    room = {m for m in mods if m == "automodel_hydra.automodel" or m.startswith("automodel_hydra.automodel.")}
+    assert {f"automodel_hydra.automodel.{m}" for m in ("kind", "files", "resume", "recipe", "nemo_run")} <= room
+    before = {"automodel_hydra.automodel_files", "automodel_hydra.automodel_resume",
+              "automodel_hydra.recipes.automodel", "automodel_hydra.nemo_run_section"}
+    assert not before & set(mods), "an AutoModel module outside its package"
+    allowed = {"automodel_hydra.recipe_kind": room, "automodel_hydra.config": {"automodel_hydra.automodel.nemo_run"}}
+    for mod, targets in import_graph().items():
+        if mod in room:
+            continue
+        inside = targets & room
+        assert inside <= allowed.get(mod, set()), f"{mod} imports {sorted(inside)}: ask the recipe kind"
+
+
+def test_every_kind_answers_the_interface() -> None:
+    """Each kind is one object behind the typed protocol (mypy checks the signatures), and a ``recipe:`` value
+    finds its kind without running anything: none is the bundled recipe, a bare class name AutoModel's, a
+    function of the user's the function kind, the bundled recipe named explicitly travels as a file's sections."""
+    from automodel_hydra import recipe_kind
+    from automodel_hydra.automodel.kind import AUTOMODEL
+
+    members = [n for n in vars(recipe_kind.RecipeKind) if not n.startswith("_")]
+    members += list(recipe_kind.RecipeKind.__annotations__)
+    for kind in (recipe_kind.BUNDLED, AUTOMODEL, recipe_kind.FUNCTION, recipe_kind.NAMED_BUNDLED):
+        assert all(hasattr(kind, m) for m in members), type(kind).__name__
+    assert recipe_kind.for_recipe(None) is recipe_kind.BUNDLED
+    assert recipe_kind.for_recipe("TrainFinetuneRecipeForNextTokenPrediction") is AUTOMODEL
+    assert recipe_kind.for_recipe({"_target_": "nemo_automodel.recipes.llm.train_ft.X"}) is AUTOMODEL
+    assert recipe_kind.for_recipe("tests.fault_recipe:main") is recipe_kind.FUNCTION
+    assert recipe_kind.for_recipe("automodel_hydra.recipes.llm_finetune.train") is recipe_kind.NAMED_BUNDLED

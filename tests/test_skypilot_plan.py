@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from automodel_hydra import config
+from automodel_hydra.automodel import kind as automodel_kind
 from automodel_hydra.backends import skypilot, skypilot_sdk
 from automodel_hydra.bootstrap import DistEnv
 from automodel_hydra.plan import JobSpec, PreflightError
@@ -626,7 +627,7 @@ def test_automodel_file_reaches_the_nodes_unchanged_and_nodes_install_automodel(
     assert node == sections  # every section as the user wrote it, and nothing else
     assert ours["output_dir"] == f"/checkpoints/{p.request.name}"  # spot: the run's dir in its bucket
     setup = p.request.task["setup"]
-    assert f"python -m pip install -e '.[{skypilot.AUTOMODEL_EXTRA}]'" in setup
+    assert f"python -m pip install -e '.[{automodel_kind.NODE_EXTRA}]'" in setup
     cpu = plan(config.load({**sections, "output_dir": "/runs/out", "skypilot": {"accelerators": None}}))
     assert "install -e '.[automodel]'" in cpu.request.task["setup"]  # a CPU node: the pinned triton, as here
     if "checkpoint" in sections:  # spot: no checkpoint a recovered job's fresh nodes can find: planned (AutoModel's

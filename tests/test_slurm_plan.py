@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra import config
+from automodel_hydra.automodel import kind as automodel_kind
 from automodel_hydra.backends import slurm, slurm_plan
 from automodel_hydra.backends.slurm import parse_slurm_time
 from automodel_hydra.bootstrap import device_for, expand_hostlist, first_host
@@ -334,7 +335,7 @@ def test_an_automodel_recipe_gets_automodels_template_settings(standins: Path, t
     assert (env["CUDA_DEVICE_MAX_CONNECTIONS"], env["NCCL_NVLS_ENABLE"]) == ("8", "1")
     bundled = script()
     assert "mail-type" not in directives(bundled)
-    assert not [v for v in slurm_plan.AUTOMODEL_TASK_ENV if v in bundled]
+    assert not [v for v in automodel_kind.TASK_ENV if v in bundled]
 
 
 def test_port_taken_on_the_master_moves_up(standins: Path, tmp_path: Path) -> None:

@@ -388,22 +388,6 @@ def _result(plan: Plan[Request], returncode: int, stamps: tp.Mapping[str, tuple[
     return JobResult(verdict.state, error=f"{why + '; ' if why else ''}{what}{tail}", traceback=verdict.traceback)
 
 
-def automodel_cuda_problem(cfg: TrainConfig) -> str | None:
-    """For an AutoModel recipe whose ranks would be this host's processes: why its CUDA calls cannot run here
-    (:func:`automodel_hydra.recipes.automodel.cuda_problem`), else None. The recipe was resolved already (the
-    driver's ``check_recipe``); one that does not resolve is that check's line, not this one's."""
-    if not cfg.automodel:
-        return None
-    from automodel_hydra import recipes
-    from automodel_hydra.recipes import automodel
-
-    try:
-        recipe = recipes.resolve(cfg.recipe)
-    except recipes.RecipeError:
-        return None
-    return automodel.cuda_problem(recipe.obj, recipe.target.rpartition(".")[2])
-
-
 class Interactive(Backend[Request, LocalRef, Devices]):
     """torchrun on this node. Preflight counts the devices here; a sweep's jobs are one batch, packed."""
 
@@ -426,14 +410,12 @@ class Interactive(Backend[Request, LocalRef, Devices]):
                 raise problem
         warned: set[str] = set()
         asked: dict[str | None, str | None] = {}  # one question per recipe, not per sweep point
-        for cfg in cfgs:  # an AutoModel recipe's CUDA calls, asked here where its ranks will run
-            if not cfg.automodel:
-                continue
-            from automodel_hydra.recipes import recipe_target
+        from automodel_hydra import recipes
 
-            target = recipe_target(cfg.recipe)
-            if target not in asked:
-                asked[target] = automodel_cuda_problem(cfg)
+        for cfg in cfgs:  # e.g. an AutoModel recipe's CUDA calls, asked here where its ranks will run
+            target = recipes.recipe_target(cfg.recipe)
+            if target not in asked:  # the recipe resolved already (the driver's check_recipe)
+                asked[target] = cfg.kind.local_problem(cfg, recipes.resolve)
             line = asked[target]
             if line is not None and not cfg.dry_run:
                 raise PreflightError(line)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from automodel_hydra import automodel_resume, fault_tolerance
+from automodel_hydra import fault_tolerance
 from automodel_hydra.backends.skypilot_config import CANNOT_STOP as CANNOT_STOP
 from automodel_hydra.backends.skypilot_config import SKYPILOT_CLOUDS as SKYPILOT_CLOUDS
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig as SkyPilotConfig
@@ -52,10 +52,9 @@ from automodel_hydra.backends.skypilot_sdk import SkyRef as SkyRef
 from automodel_hydra.backends.skypilot_sdk import parse_result as parse_result
 from automodel_hydra.envvars import expand, parse
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
-from automodel_hydra.paths import DEFAULT_CHECKPOINT_DIR, POINTER, local_reads, outermost
 from automodel_hydra.plan import Backend, Batch, JobResult, JobSpec, Plan, Submission, job_batch, tracker_env
 from automodel_hydra.profile import nsys_prefix
-from automodel_hydra.schema import ConfigError, require
+from automodel_hydra.schema import ConfigError
 from automodel_hydra.states import JobState, StateInfo
 
 if tp.TYPE_CHECKING:
@@ -259,26 +258,15 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
 
     node = rank_spec(cfg)
     node.update(output_dir=_yaml_path(out))
-    if cfg.bundled:  # the bundled recipe's own keys; another recipe's sections reach the nodes as written, its
-        # relative written dirs (AutoModel's checkpoint.checkpoint_dir: checkpoints/) anchored under output_dir there
-        node["checkpoint"]["dir"] = _yaml_path(f"{out}/{DEFAULT_CHECKPOINT_DIR}")
-        if cfg.restore_from.path is not None and _is_mount_pointer(cfg.restore_from.path, sc):
-            node["restore_from"]["path"] = POINTER  # <mount>/latest: the job's own checkpoints in its bucket
-    elif cfg.automodel and automodel_resume.is_mount_pointer(
-            str((cfg.recipe_sections.get("restore_from") or {}).get("path")), sc.checkpoint_mount):
-        node["restore_from"] = {"path": POINTER}  # the same for an AutoModel recipe (its ranks: automodel_resume)
-    if cfg.data.source != "pydoc" and cfg.data.path:  # the local text or jsonl file travels with the job
-        file_mounts[f"{root}/launch/data/{Path(cfg.data.path).name}"] = facts.paths[cfg.data.path]
-        node["data"]["path"] = _yaml_path(f"{root}/launch/data/{Path(cfg.data.path).name}")
-    model = cfg.model.name_or_path
-    if model is not None and model in facts.paths:  # a local model dir, not a hub id
-        file_mounts[f"{root}/launch/model"] = facts.paths[model]
-        node["model"]["name_or_path"] = _yaml_path(f"{root}/launch/model")
-    if not cfg.bundled:  # the recipe's local model and dataset paths, at the same paths on the nodes
-        reads = local_reads(cfg, "the SkyPilot nodes", UPLOADED, check_here=False,
-                            inside=[sc.checkpoint_mount] if bucket else [])
-        for path in outermost(path for _, path, _ in reads):
-            file_mounts[path] = facts.paths.get(path, path)
+    # the recipe's keys that change on the nodes (the bundled recipe's checkpoint dir, data file and model dir, a
+    # <mount>/latest resume key) and its local reads there (another recipe's sections reach the nodes as written,
+    # its reads at the same paths, its relative written dirs anchored under output_dir there)
+    changed, mounts = cfg.kind.on_nodes(cfg, root=root, out=out, mount=sc.checkpoint_mount, uploaded=facts.paths,
+                                     inside=[sc.checkpoint_mount] if bucket else [], where="the SkyPilot nodes",
+                                     how=UPLOADED)
+    for dotted, value in changed.items():
+        node = _with_key(node, dotted.split("."), _yaml_path(value))
+    file_mounts.update(mounts)
     if bucket:
         file_mounts[sc.checkpoint_mount] = _storage(bucket, sc.checkpoint_store)
     elif sc.num_nodes > 1:
@@ -324,28 +312,21 @@ def make_plan(cfg: TrainConfig, job: JobSpec, facts: Facts) -> Plan[Request]:
     return Plan(SkyPilot.name, job, files, request, wait=sc.wait, group_key=None, name=key)  # the task's name
 
 
-#: The extra with NeMo AutoModel for a GPU node (pyproject.toml says why it is not the ``automodel`` extra).
-AUTOMODEL_EXTRA, AUTOMODEL_CPU_EXTRA = "automodel-gpu", "automodel"
+def _with_key(node: dict[str, tp.Any], key: list[str], value: str) -> dict[str, tp.Any]:
+    """``node`` with the dotted ``key`` set to ``value``, each mapping on the way copied (the spec's mappings may
+    be the config's own: another recipe's sections)."""
+    head, rest = key[0], key[1:]
+    return {**node, head: _with_key(dict(node.get(head) or {}), rest, value) if rest else value}
 
 
 def _extras(cfg: TrainConfig, sc: SkyPilotConfig) -> str:
-    """This project's extras the nodes install (``[a,b]`` or ``""``): NeMo AutoModel for an AutoModel recipe (as
-    AutoModel's own launcher installs its package in the task's setup), :data:`AUTOMODEL_EXTRA` on GPU nodes and
-    the CPU one (with its triton pin) when ``accelerators`` is null; ft_launcher with ``fault_tolerance.enabled``."""
-    names = []
-    if cfg.automodel:
-        names.append(AUTOMODEL_EXTRA if sc.accelerators else AUTOMODEL_CPU_EXTRA)
+    """This project's extras the nodes install (``[a,b]`` or ``""``): the recipe kind's (NeMo AutoModel for an
+    AutoModel recipe, as AutoModel's own launcher installs its package in the task's setup:
+    :meth:`automodel_hydra.recipe_kind.RecipeKind.node_extras`); ft_launcher with ``fault_tolerance.enabled``."""
+    names = list(cfg.kind.node_extras(sc.accelerators))
     if cfg.fault_tolerance.enabled:
         names.append(fault_tolerance.EXTRA)
     return f"[{','.join(names)}]" if names else ""
-
-
-def _is_mount_pointer(path: str, sc: SkyPilotConfig) -> bool:
-    """Whether ``restore_from.path`` is ``<checkpoint_mount>/latest`` (the spot-resume key
-    ``restore_from: {path: /checkpoints/latest}``): on the nodes the mount holds the job's own checkpoints, in its
-    run key's dir of the bucket, so this means ``latest`` there. Pure: compares text only."""
-    mount = sc.checkpoint_mount.rstrip("/") or "/"
-    return os.path.normpath(path) == os.path.join(mount, POINTER)
 
 
 def _bucket(sc: SkyPilotConfig, facts: Facts) -> str | None:
@@ -365,44 +346,12 @@ def _down(sc: SkyPilotConfig, bucket: str | None) -> bool:
 
 
 def _check(cfg: TrainConfig) -> None:
+    """The recipe's resume keys on SkyPilot, where only the job's own checkpoints are on the nodes (its kind's rule:
+    :meth:`automodel_hydra.recipe_kind.RecipeKind.skypilot_problems`)."""
     sc = cfg.skypilot
     assert sc is not None
-    if not cfg.bundled:  # another recipe's sections are its own: it resumes as it does (AutoModel: from LATEST)
-        node = cfg.recipe_sections.get("checkpoint")
-        if cfg.automodel:  # its resume keys: only the job's own checkpoints are on the nodes (automodel_resume)
-            for problem in automodel_resume.skypilot_problems(cfg.recipe_sections, sc.checkpoint_mount,
-                                                               sc.use_spot):
-                raise problem
-        if sc.use_spot and cfg.automodel and isinstance(node, dict):
-            # AutoModel's own launcher runs these files on spot (a preemption ends its job); a managed job is
-            # recovered, and with no checkpoint its fresh nodes can read, the recovery trains from step 0 again:
-            # the work is redone, not lost or reported, so the plan goes ahead and says so (docs/skypilot.md)
-            where = node.get("checkpoint_dir")
-            mount = sc.checkpoint_mount.rstrip("/")
-            lost = None
-            if node.get("enabled") is False:
-                lost = "checkpoint.enabled=false", "checkpoint.enabled=true"
-            elif isinstance(where, str) and where.startswith(("/", "~")) and not where.startswith(mount + "/"):
-                lost = (f"checkpoint.checkpoint_dir={where} (the node's disk)",
-                        f"a relative checkpoint.checkpoint_dir (the job's own, in its bucket) or one under {mount}/")
-            if lost is not None:
-                warnings.warn(f"{lost[0]} with skypilot.use_spot=true: a preempted job is recovered on fresh nodes "
-                              f"that have no checkpoint of it and trains from step 0 again; {lost[1]} makes it "
-                              "resume (or skypilot.use_spot=false)", stacklevel=2)
-        return
-    path = cfg.restore_from.path
-    if path is not None and _is_mount_pointer(path, sc):
-        path = POINTER
-    mine = f"'latest' or '{sc.checkpoint_mount.rstrip('/')}/{POINTER}' (both: this job's newest checkpoint"
-    if path not in (None, POINTER):
-        raise ConfigError("restore_from.path", path, f"{mine}), or null on SkyPilot (a local checkpoint path does "
-                          "not exist on the nodes; put it in the bucket and use skypilot.run_name to resume from it)")
-    if sc.use_spot and not cfg.checkpoint.enabled:
-        raise ConfigError("checkpoint.enabled", False, "true with skypilot.use_spot=true: a recovered job resumes "
-                          "from its newest checkpoint")
-    if sc.use_spot and path != POINTER:
-        raise ConfigError("restore_from.path", path, f"{mine}) with skypilot.use_spot=true: a recovered job "
-                          "resumes")
+    for problem in cfg.kind.skypilot_problems(cfg, sc.checkpoint_mount, sc.use_spot):
+        raise problem
 
 
 def _header(p: Request) -> str:
@@ -455,16 +404,8 @@ class SkyPilot(Backend[Request, SkyRef, Facts]):
             if sc.job_dir is not None:
                 text = expand(parse(sc.job_dir, "skypilot.job_dir"), os.environ, "skypilot.job_dir")
                 job_dirs[sc.job_dir] = os.path.abspath(os.path.expanduser(text))
-            if not cfg.bundled:  # (make_plan mounts them; a relative or missing one is refused here)
-                paths.update((path, source) for _, path, source in local_reads(cfg, "the SkyPilot nodes", UPLOADED))
-            if cfg.data.source != "pydoc" and cfg.data.path:
-                data = Path(cfg.data.path).expanduser()
-                require(data.is_file(), "data.path", cfg.data.path, "an existing file here (it is uploaded to the "
-                        "nodes)")
-                paths[cfg.data.path] = str(data.resolve())
-            model = cfg.model.name_or_path
-            if model and Path(model).expanduser().exists():  # a local model dir, else a hub id
-                paths[model] = str(Path(model).expanduser().resolve())
+            # the local files the ranks read (make_plan mounts them; a relative or missing one is refused here)
+            paths.update(cfg.kind.upload_sources(cfg, "the SkyPilot nodes", UPLOADED))
         user = os.environ.get("USER", "user")
         with contextlib.suppress(KeyError, OSError):
             user = getpass.getuser()

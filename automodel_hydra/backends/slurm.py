@@ -22,7 +22,6 @@ from pathlib import Path, PurePosixPath
 
 from automodel_hydra import fault_tolerance, outcome, records
 from automodel_hydra.backends import slurm_script
-from automodel_hydra.backends.slurm_config import AUTOMODEL_DEFAULTS as AUTOMODEL_DEFAULTS
 from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
 from automodel_hydra.backends.slurm_config import SlurmConfig as SlurmConfig
 from automodel_hydra.backends.slurm_config import parse_slurm_time as parse_slurm_time

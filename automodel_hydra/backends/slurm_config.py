@@ -1,5 +1,5 @@
-"""The ``slurm:`` section's schema (:class:`SlurmConfig`) and the Slurm defaults the config pipeline applies
-(:data:`AUTOMODEL_DEFAULTS` for an AutoModel file, :data:`CALL_DEFAULTS` for a call job).
+"""The ``slurm:`` section's schema (:class:`SlurmConfig`) and the Slurm defaults of a call job
+(:data:`CALL_DEFAULTS`); an AutoModel file's are its kind's (:data:`automodel_hydra.automodel.kind.SLURM_DEFAULTS`).
 
 Pure: imports only :mod:`automodel_hydra.schema` and :mod:`automodel_hydra.bootstrap`'s port constants, so
 :mod:`automodel_hydra.config` (and every rank that reads a job's config) loads no backend.
@@ -16,13 +16,6 @@ from dataclasses import dataclass, field
 from automodel_hydra.bootstrap import DEFAULT_PORT, PORT_SPAN
 from automodel_hydra.schema import ConfigError, at_least, check_port, one_line, require
 
-#: NeMo AutoModel's Slurm defaults (its SlurmConfig and sbatch template) for the keys that set the hardware or the
-#: bill, applied to an AutoModel recipe's ``slurm:`` section where the file leaves the key out, so the file asks for
-#: what it asked for under AutoModel: a 5-minute limit, the ``batch`` partition and whole nodes (``--exclusive``);
-#: like AutoModel, no ``--gpus-per-node`` unless ``gpus_per_node`` is given (every recipe). The bundled recipe's and
-#: a user's function's defaults stay those of :class:`SlurmConfig`.
-AUTOMODEL_DEFAULTS: dict[str, tp.Any] = {"time": "00:05:00", "partition": "batch",
-                                         "sbatch_args": {"exclusive": None}}
 #: The Slurm options of a call job (a Hydra task function that is not ours, ``hydra.launcher.slurm``) where they
 #: differ from :class:`SlurmConfig`'s: one task on one node, no GPU unless asked, and ``job_name: ""`` = the Hydra
 #: job's name.

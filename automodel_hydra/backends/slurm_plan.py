@@ -85,19 +85,6 @@ SCRIPT = "sbatch.sh"
 #: The variable holding the job's output dir inside the script (array task i: ``job_dirs[i]``).
 JOB_DIR_VAR = "AUTOMODEL_JOB_DIR"
 _JOB_DIR = "/@AUTOMODEL_JOB_DIR@"  # stands for "$AUTOMODEL_JOB_DIR" while argv is built
-#: What NeMo AutoModel's sbatch template fixed for every job, kept for an AutoModel recipe (an AutoModel file
-#: runs with the settings its recipes were developed under); each can be changed (docs/slurm.md,
-#: "AutoModel's template"). Environment: task defaults (the submitting shell's value or an ``env_vars`` entry
-#: wins): one CUDA work queue per device (``CUDA_DEVICE_MAX_CONNECTIONS=1``, which tensor- and sequence-parallel
-#: communication overlap relies on to order its kernels), no ``recordStream`` on NCCL collectives' tensors
-#: (``TORCH_NCCL_AVOID_RECORD_STREAMS=1``: their memory is freed when the collective ends, not when the caching
-#: allocator next syncs) and NVLink SHARP off (``NCCL_NVLS_ENABLE=0``: NVLS needs CUDA multicast/IMEX, which
-#: containers often lack, and reserves extra GPU memory).
-AUTOMODEL_TASK_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-                      "NCCL_NVLS_ENABLE": "0"}
-#: AutoModel's ``#SBATCH --mail-type=FAIL`` (mail to the submitting user when the job fails), kept likewise;
-#: ``slurm.sbatch_args: {mail-type: false}`` leaves it out, ``{mail-user: ...}`` sets the address.
-AUTOMODEL_SBATCH = {"mail-type": "FAIL"}
 #: AutoModel's token fields of ``slurm:`` -> the variable the job gets (a reference, never a value in the script).
 TOKEN_FIELDS = {"hf_token": "HF_TOKEN", "wandb_key": "WANDB_API_KEY"}
 #: Where this project's source is mounted in a container when ``slurm.nemo_mount`` mounts AutoModel's source.
@@ -220,10 +207,11 @@ def _sh(arg: str) -> str:
     return f'"${JOB_DIR_VAR}"'.join(shlex.quote(p) if p or len(parts) == 1 else "" for p in parts)
 
 
-def _directives(sc: SlurmConfig, automodel: bool = False) -> tuple[tuple[str, object], ...]:
+def _directives(sc: SlurmConfig, extra: tp.Mapping[str, object] | None = None) -> tuple[tuple[str, object], ...]:
     """``cfg.slurm`` as sbatch options (sbatch(1) long names), in the order they are written; unset ones left out.
-    ``automodel``: add :data:`AUTOMODEL_SBATCH`. ``sbatch_args`` come last and may add or change any option (null =
-    a bare flag, false = left out)."""
+    ``extra``: the recipe kind's own (AutoModel's template's ``--mail-type``:
+    :attr:`automodel_hydra.recipe_kind.RecipeKind.sbatch_options`). ``sbatch_args`` come last and may add or
+    change any option (null = a bare flag, false = left out)."""
     options: dict[str, object | None] = {
         "job-name": sc.job_name, "time": sc.time_minutes, "nodes": sc.nodes, "ntasks-per-node": sc.ntasks_per_node,
         "gpus-per-node": sc.gpus_per_node or None, "cpus-per-task": sc.cpus_per_task, "mem": sc.mem,
@@ -235,7 +223,7 @@ def _directives(sc: SlurmConfig, automodel: bool = False) -> tuple[tuple[str, ob
         # say --no-requeue, or the cluster's JobRequeue=1 default requeues it anyway (slurm.conf(5))
         "requeue": True if sc.max_requeues > 0 else None, "no-requeue": True if sc.max_requeues == 0 else None,
         "open-mode": "append",  # a requeued job appends to its log instead of truncating it
-        **(AUTOMODEL_SBATCH if automodel else {}),
+        **(extra or {}),
     }
     for key, value in sc.sbatch_args.items():
         name = str(key).lstrip("-").replace("_", "-")
@@ -323,7 +311,7 @@ def plan_request(cfg: TrainConfig, job: JobSpec, source: Source | None = None,
     setup += lines
     if in_container:  # run inside the image: PYTHONPATH (an image's own ENV wins over the host's) and nsys there
         command = f"{task_prologue(inside, nsys_check_lines(cfg.profile.nsys, _sh(str(spec.log_file))))} {command}"
-    directives = tuple((k, v) for k, v in _directives(sc, automodel=cfg.automodel) if not (call and k == "signal"))
+    directives = tuple((k, v) for k, v in _directives(sc, cfg.kind.sbatch_options) if not (call and k == "signal"))
     after = () if call or in_container else requeue_hook_lines(cluster.python)
     return Request(sbatch=directives, array_parallelism=sc.array_parallelism, setup=tuple(setup),
                    container_image=sc.container_image, mounts=tuple(mounts),
@@ -437,9 +425,9 @@ def _environment_lines(cfg: TrainConfig, job: JobSpec, env: tp.Sequence[EnvValue
     lines = tracker_lines(job)
     if job.env:
         lines += ["# hydra.job.env_set", *(f"export {k}={shlex.quote(v)}" for k, v in job.env)]
-    if cfg.automodel:
+    if cfg.kind.task_env:
         lines += ["# AutoModel's template settings (the submitting shell's value or slurm.env_vars wins)",
-                  *[f'export {k}="${{{k}:-{v}}}"' for k, v in AUTOMODEL_TASK_ENV.items()]]
+                  *[f'export {k}="${{{k}:-{v}}}"' for k, v in cfg.kind.task_env.items()]]
     if sc.hf_home:
         lines.append(f"export HF_HOME={node_path(sc.hf_home)}  # slurm.hf_home")
     if env:

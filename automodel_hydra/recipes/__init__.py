@@ -45,8 +45,8 @@ from collections.abc import Mapping
 from automodel_hydra import quiet
 from automodel_hydra.recipe_names import _VALID, import_target
 from automodel_hydra.recipe_names import BUNDLED as BUNDLED
+from automodel_hydra.recipe_names import KindName as KindName
 from automodel_hydra.recipe_names import RecipeError as RecipeError
-from automodel_hydra.recipe_names import RecipeKind as RecipeKind
 from automodel_hydra.recipe_names import kind_of as kind_of
 from automodel_hydra.recipe_names import recipe_target as recipe_target
 
@@ -66,7 +66,7 @@ class RecipeFunction(tp.Protocol):
 class Recipe:
     """A resolved recipe: its kind, its fully qualified name (``module.attr`` or ``module:attr``), the object."""
 
-    kind: RecipeKind
+    kind: KindName
     target: str
     obj: tp.Any = dataclasses.field(repr=False, compare=False)
 
@@ -112,11 +112,12 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
 
     ``cfg`` is the job's config as the rank has it (``launch/job.yaml`` as a DictConfig, or a dict): the bundled
     recipe gets it validated (``config.load_rank``, unless it is a ``TrainConfig`` already), an AutoModel recipe
-    gets its recipe sections (:func:`.automodel.run`), a function gets it as a DictConfig. For the last two, a
+    gets its recipe sections (:func:`automodel_hydra.automodel.recipe.run`), a function gets it as a DictConfig
+    (:meth:`automodel_hydra.recipe_kind.Function.run`). For the last two, a
     relative written dir (``checkpoint.checkpoint_dir: checkpoints/``; :data:`automodel_hydra.paths.WRITTEN_DIR_KEYS`)
     is made absolute under the job's ``output_dir`` (the argument, else ``cfg``'s own key) first, so that each job
     of a sweep writes its own; an AutoModel recipe's ``checkpoint.checkpoint_dir`` left out counts as AutoModel's
-    default ``checkpoints/`` (:func:`.automodel.with_checkpoint_dir`).
+    default ``checkpoints/`` (:func:`automodel_hydra.automodel.recipe.with_checkpoint_dir`).
 
     Returns the final metrics as a dict that always has ``stopped_early``.
 
@@ -129,37 +130,17 @@ def run_recipe(recipe: Recipe, cfg: tp.Any, dist: Distributed,
         return dict(recipe.obj(train_cfg, dist, should_stop=should_stop))
     from omegaconf import DictConfig, OmegaConf
 
+    from automodel_hydra import recipe_kind
     from automodel_hydra.paths import anchored_sections
 
+    kind = recipe_kind.of_sections(recipe.kind)
     plain = tp.cast(dict[str, tp.Any], OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig)
                     else dict(cfg))
     output_dir = output_dir or plain.get("output_dir")
-    if recipe.kind == "automodel":
-        from automodel_hydra.recipes import automodel
-
-        plain = automodel.with_checkpoint_dir(plain)  # AutoModel's own default, anchored below as a written dir
+    plain = kind.with_written_defaults(plain)  # AutoModel's own default, anchored below as a written dir
     if output_dir:
         plain = anchored_sections(plain, str(output_dir))
-    if recipe.kind == "automodel":
-        from automodel_hydra.recipes import automodel
-
-        return automodel.run(recipe.obj, plain, dist, should_stop)
-    from automodel_hydra.metrics import StepLog
-
-    dist.step_log = StepLog(str(output_dir or "."), dist.rank)
-    try:
-        out = recipe.obj(OmegaConf.create(plain), dist, should_stop)
-    finally:
-        dist.step_log.close()
-        dist.step_log = None
-    if out is None:
-        out = {}
-    if not isinstance(out, Mapping):
-        raise RecipeError(f"recipe {recipe.target} returned a {type(out).__name__}; a recipe function returns its "
-                          "final metrics as a dict (e.g. {'loss': 1.2}) or None")
-    result = dict(out)
-    result.setdefault("stopped_early", bool(should_stop()))
-    return result
+    return kind.run(recipe, plain, dist, should_stop, output_dir)
 
 
 def _automodel_recipe_name(name: str) -> str:

@@ -136,7 +136,7 @@ def validate_recipe_sections(recipe_sections: Mapping[str, tp.Any], *, allow_uns
     ``ranks_here=False`` (the ranks run elsewhere: a Slurm node, a container, a cloud VM): a ``_target_`` / ``*_fn``
     whose module does not import on this machine (:func:`automodel_hydra.recipe_names.importable_here`: not
     installed here, or its import fails here, as Transformer Engine's does on a CPU login node) is left to the ranks,
-    which import it first thing (:func:`automodel_hydra.recipes.automodel.run`); one that imports here is checked.
+    which import it first thing (:func:`automodel_hydra.automodel.recipe.run`); one that imports here is checked.
 
     Raises RecipeSectionError naming the dotted key and AutoModel's reason."""
     quiet.install()
@@ -205,7 +205,7 @@ def read_path_values(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, s
     whose name ends in ``dataset``: AutoModel's ``dataset`` and ``validation_dataset``). A list of strings gives
     ``key.0``, ``key.1`` ... Left out: values with ``$`` (a rank expands them where it runs, to what they mean
     there) and sections whose name starts with ``_`` (AutoModel's files switch a section off so). Which values
-    are local paths is :func:`path_form` and, for the rest, whether they exist."""
+    are local paths is :func:`automodel_hydra.paths.path_form` and, for the rest, whether they exist."""
     found: list[tuple[str, str]] = []
 
     def leaf(key: str, value: tp.Any) -> None:
@@ -230,23 +230,6 @@ def read_path_values(recipe_sections: Mapping[str, tp.Any]) -> list[tuple[str, s
         if not name.startswith("_"):
             walk(name, section, name.endswith("dataset"))
     return found
-
-
-def path_form(value: str) -> tp.Literal["absolute", "home", "relative"] | None:
-    """What ``value`` is by its form alone: ``absolute`` (``/...``), ``home`` (``~...``: the home of whoever
-    reads it), ``relative`` (``.``, ``./...``, ``../...``, or more ``/`` than a Hub id has), else None: a
-    URL (``hf://``, ``s3://``) or what may be a Hub id (``name`` or ``org/name``, huggingface_hub's form), which is
-    a local path only if it exists where it is read (transformers' ``from_pretrained`` and AutoModel's
-    ``_str_is_hf_repo_id`` both look for the path first). Pure: reads no filesystem."""
-    if "://" in value:
-        return None
-    if value.startswith("/"):
-        return "absolute"
-    if value.startswith("~"):
-        return "home"
-    if value in (".", "..") or value.startswith(("./", "../")) or value.count("/") > 1:
-        return "relative"
-    return None
 
 
 def check_model_fetchable(name_or_path: str | os.PathLike[str], *, offline: bool | None = None,

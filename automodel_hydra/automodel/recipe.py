@@ -35,8 +35,8 @@ import typing as tp
 from collections.abc import Mapping
 from pathlib import Path
 
-from automodel_hydra import automodel_resume
-from automodel_hydra.automodel_files import split_sections
+from automodel_hydra.automodel import resume
+from automodel_hydra.automodel.files import split_sections
 
 if tp.TYPE_CHECKING:
     from automodel_hydra.bootstrap import Distributed
@@ -62,7 +62,7 @@ def with_checkpoint_dir(sections: dict[str, tp.Any]) -> dict[str, tp.Any]:
     if node is not None and not isinstance(node, dict) or isinstance(node, dict) and "checkpoint_dir" in node:
         return sections
     out = dict(sections)
-    out["checkpoint"] = {**(node or {}), "checkpoint_dir": automodel_resume.AUTOMODEL_CHECKPOINT_DIR}
+    out["checkpoint"] = {**(node or {}), "checkpoint_dir": resume.AUTOMODEL_CHECKPOINT_DIR}
     return out
 
 
@@ -179,21 +179,21 @@ def run(recipe_cls: type, cfg: Mapping[str, tp.Any], dist: Distributed,
 
 def with_resume(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.Any]:
     """``sections`` with the job's ``restore_from.path`` turned into the ``checkpoint.restore_from`` AutoModel's
-    recipe honours (:func:`automodel_hydra.automodel_resume.resolve`: the newest complete checkpoint is looked up
+    recipe honours (:func:`automodel_hydra.automodel.resume.resolve`: the newest complete checkpoint is looked up
     now, with AutoModel's ``find_latest_checkpoint``, on rank 0; every rank gets rank 0's answer), and the one line
     that says what is resumed logged on rank 0. A copy; unchanged when ``restore_from.path`` is not set (AutoModel's
     own key and default keep their meaning). Call it after the written dirs were made absolute."""
     import torch.distributed as td
 
-    wanted = automodel_resume.requested(sections)
-    if wanted is None or wanted.key != automodel_resume.KEY:  # the same on every rank: nothing to agree on
+    wanted = resume.requested(sections)
+    if wanted is None or wanted.key != resume.KEY:  # the same on every rank: nothing to agree on
         return sections
     resolved: tuple[str | None, str] | None = None
     group = td.is_available() and td.is_initialized() and td.get_world_size() > 1
     if dist.rank == 0 or not group:
         from nemo_automodel.components.checkpoint.utils import find_latest_checkpoint
 
-        resolved = automodel_resume.resolve(sections, find_latest_checkpoint)
+        resolved = resume.resolve(sections, find_latest_checkpoint)
     if group:
         box = [resolved]
         td.broadcast_object_list(box, src=0)
@@ -215,12 +215,12 @@ def with_resume(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.
 def checked_here(sections: dict[str, tp.Any], dist: Distributed) -> dict[str, tp.Any]:
     """``sections``, after each value was loaded with AutoModel's loader on this rank, where the job runs: the plan
     leaves a ``_target_`` that does not import on the submitting machine to the ranks
-    (:func:`automodel_hydra.automodel_files.validate_recipe_sections`), so here its failure is one line naming the
+    (:func:`automodel_hydra.automodel.files.validate_recipe_sections`), so here its failure is one line naming the
     key, AutoModel's reason and this host, in the rank's error file and the job's last line. Raises
     RecipeSectionError."""
     import socket
 
-    from automodel_hydra.automodel_files import RecipeSectionError, validate_recipe_sections
+    from automodel_hydra.automodel.files import RecipeSectionError, validate_recipe_sections
 
     try:
         validate_recipe_sections(with_stop_signals(sections))
