@@ -322,7 +322,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "job_ids": job_ids(rec), "state": info.state.value,
                      "step": logged["step"] if logged else None,
                      "loss": logged.get("loss") if logged and _number(logged.get("loss")) else None,
-                     "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state)) if x),
+                     "note": "; ".join(x for x in (_note(info.state, info.reason), _ft_note(rec, info.state),
+                                                   _excluded_note(rec)) if x),
                      "job_dir": rec["job_dir"]})
         if args.json:
             rows[-1].update(attempts_of(rec, info.state))
@@ -832,6 +833,14 @@ def _ft_note(record: Record, state: JobState) -> str:
         return ""
     hang = fault_tolerance.final_hang(launch) if state is JobState.FAILED else None
     return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch)) if x)
+
+
+def _excluded_note(record: Record) -> str:
+    """The nodes a sweep's other member left out of this job while it was pending (:mod:`automodel_hydra.retry`):
+    ``"node1 excluded after 53_0's comm failure"``; "" when none."""
+    from automodel_hydra import ledger
+
+    return ledger.inherited_note(Path(record["job_dir"]) / LAUNCH_DIR)
 
 
 def _note(state: JobState, reason: str) -> str:

@@ -10,7 +10,9 @@ the latest attempt):
   the optimizer step it reached (``step``) and the one it resumed from (``resumed``);
 * ``ft/hang.rank<R>.<attempt>.json``: a hung rank (:mod:`automodel_hydra.fault_tolerance`);
 * ``ranks/decision.<attempt>.json``: whether the attempt was tried again and why (:func:`record_decision`: the
-  worker under ``ft_launcher``, the Slurm requeue hook :mod:`automodel_hydra.retry`).
+  worker under ``ft_launcher``, the Slurm requeue hook :mod:`automodel_hydra.retry`);
+* ``ranks/excluded.<task>.json``: nodes a sweep's other member (array task ``<task>``) left out of this job while
+  it was pending (:func:`record_inherited`).
 
 Times are the file server's modification times of those records (no host's clock is compared). Definitions
 (docs/failures.md): ``steps_lost`` of an attempt = the step it reached minus the step the next attempt resumed
@@ -110,13 +112,46 @@ def _run_states(starts: tp.Mapping[tuple[int, int], tp.Mapping[str, tp.Any]]) ->
 
 
 def record_decision(launch: Path, restart: int, requeue: int, failure: failures.Failure,
-                    decision: failures.Decision, by: str, excluded: tp.Sequence[str] = ()) -> Path:
+                    decision: failures.Decision, by: str, excluded: tp.Sequence[str] = (),
+                    pending: tp.Mapping[str, tp.Sequence[str]] | None = None) -> Path:
     """Whether the attempt is tried again (``by``: ``ft_launcher``, ``slurm``), with its class and evidence;
-    ``excluded``: the nodes the requeued job is kept off (``ExcNodeList``), all so far."""
+    ``excluded``: the nodes the requeued job is kept off (``ExcNodeList``), all so far; ``pending``: the sweep's
+    pending array tasks that the blamed node was left out of, task -> its new ``ExcNodeList``."""
     return _write(decision_file(launch, restart, requeue),
                   {"attempt": restart, "requeue": requeue, "class": failure.kind, "evidence": failure.evidence,
                    "retry": decision.retry, "why": decision.why, "by": by, "excluded": list(excluded),
+                   **({"pending_excluded": {t: list(n) for t, n in pending.items()}} if pending else {}),
                    "run_id": read_run_id(launch)})
+
+
+#: A record of nodes a sweep's other member left out of this pending job: ``ranks/excluded.<task>.json``.
+INHERITED = "excluded.{task}.json"
+
+
+def record_inherited(launch: Path, nodes: tp.Sequence[str], *, by: str, failure: failures.Failure,
+                     node: str) -> Path:
+    """In a pending sweep member's job dir: array task ``by`` blamed ``node`` (``failure``) and left ``nodes``
+    (the member's whole ``ExcNodeList`` now) out of this member before it started."""
+    return _write(Path(launch) / RANKS_DIR / INHERITED.format(task=by),
+                  {"nodes": list(nodes), "by": by, "node": node, "class": failure.kind, "evidence": failure.evidence,
+                   "run_id": read_run_id(launch)})
+
+
+def inherited(launch: Path) -> list[dict[str, tp.Any]]:
+    """This launch's records of :func:`record_inherited`, oldest first."""
+    found = _read((Path(launch) / RANKS_DIR).glob(INHERITED.format(task="*")), read_run_id(launch))
+    return sorted(found, key=lambda r: r["mtime"])
+
+
+def inherited_nodes(launch: Path) -> list[str]:
+    """Every node a sweep's other member left out of this job (:func:`inherited`), sorted."""
+    return sorted({str(n) for r in inherited(launch) for n in r.get("nodes") or []})
+
+
+def inherited_note(launch: Path) -> str:
+    """``"node1 excluded after 53_0's comm failure"`` for ``status``, or "" when no other member excluded any."""
+    said = [f"{r.get('node')} excluded after {r.get('by')}'s {r.get('class')} failure" for r in inherited(launch)]
+    return "; ".join(dict.fromkeys(said))
 
 
 @dataclasses.dataclass
@@ -310,9 +345,11 @@ def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
 
 def summary(launch: Path, slurm_state: str | None = None, running: bool = False) -> dict[str, tp.Any]:
     """``{"attempts": [...], "goodput": g, "excluded": [nodes]}`` for ``automodel-hydra status --json``
-    (``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`)."""
+    (``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`, and those a sweep's other
+    member left out of it while it was pending)."""
     rows = attempts(launch, slurm_state, running)
-    return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows), "excluded": excluded(rows)}
+    return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows),
+            "excluded": sorted({*excluded(rows), *inherited_nodes(launch)})}
 
 
 def excluded(rows: tp.Sequence[Attempt]) -> list[str]:

@@ -155,3 +155,34 @@ def test_slurm_requeue_leaves_the_blamed_node_out(slurm_cluster: tp.Any, tmp_pat
                                  f"(ExcNodeList={first['node']})")
     assert first["evidence"].startswith("rank ") and "DistBackendError: NCCL error at step 3" in first["evidence"]
     assert slurm_cluster.job_info(row["job_ids"][0]).get("ExcNodeList") == first["node"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_blamed_by_one_sweep_member_is_left_out_of_the_pending_ones(slurm_cluster: tp.Any,
+                                                                           tmp_path: Path) -> None:
+    """A 3-member sweep run one task at a time (``slurm.array_parallelism=1``: ``--array=0-2%1``): member 0's
+    all-reduce fails (comm) at step 2 on its node while members 1 and 2 are pending. The requeue hook leaves that
+    node out of member 0's requeue and of the two pending tasks (Slurm shows it in their ExcNodeList); they run
+    on the other node and every member COMPLETES; status (--json "excluded", and its note) says so."""
+    sweep = tmp_path / "S"
+    conf = _config(tmp_path, {"mode": "comm", "step": 2, "attempts": "first"}, launcher="slurm", ft=None)
+    proc = _train(conf, tmp_path / "R", "-m", "fault.rank=1,7,8", "slurm.array_parallelism=1",
+                  f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = json.loads(_cli("status", str(sweep), "--json").stdout)
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+    first = rows[0]["attempts"][0]
+    bad = first["node"]
+    assert first["class"] == "comm" and bad in ("node1", "node2"), rows[0]
+    array = rows[0]["job_ids"][0].split("_")[0]
+    for row in rows:
+        assert row["excluded"] == [bad], row
+    for row in rows[1:]:
+        assert [a["node"] for a in row["attempts"]] == [{"node1": "node2", "node2": "node1"}[bad]], row
+        assert f"{bad} excluded after {array}_0's comm failure" in row["note"], row
+        assert slurm_cluster.job_info(row["job_ids"][0]).get("ExcNodeList") == bad
+    decision = json.loads((sweep / "0" / "launch" / "ranks" / "decision.attempt0.json").read_text())
+    assert decision["pending_excluded"] == {f"{array}_1": [bad], f"{array}_2": [bad]}, decision
+    assert f"node {bad} excluded for the array's pending task(s) {array}_1, {array}_2" in \
+        (sweep / "slurm").joinpath(f"{array}_0_0_log.out").read_text()

@@ -224,3 +224,31 @@ def test_the_blamed_node_is_excluded_while_the_partition_keeps_enough_nodes() ->
     assert retry.exclusions([earlier, again], partition_nodes=4, job_nodes=1) == ["n1", "n3"]
     crash = ledger.Attempt(requeue=1, restart=0, kind="crash", evidence="x", node="n3")
     assert retry.exclusions([earlier, crash], partition_nodes=4, job_nodes=1) == ["n1"]  # a bug blames no node
+
+
+def test_a_blamed_node_is_left_out_of_the_pending_tasks_that_can_spare_it() -> None:
+    """Each pending array task keeps its own exclusions and gains the blamed node, one scontrol update per new
+    list; a task that has it already, or that would keep too few of the partition's nodes, is left alone."""
+    pending = {"1": [], "2": ["n3"], "3": [], "4": ["n2"], "5": ["n1", "n3"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=4, job_nodes=1) == {
+        ("n2",): ["1", "3"], ("n2", "n3"): ["2"], ("n1", "n2", "n3"): ["5"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=3, job_nodes=1) == {("n2",): ["1", "3"],
+                                                                                    ("n2", "n3"): ["2"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=None, job_nodes=1) == {}
+    assert retry.array_dirs([]) == {}
+    assert retry.array_dirs(["--array", "0", "3", "--", "/s/0", "/s/3"]) == {"0": "/s/0", "3": "/s/3"}
+    assert retry.array_dirs(["--array", "0", "--", "/s/0", "/s/3"]) is None
+
+
+def test_a_node_another_member_excluded_is_this_jobs_too(tmp_path: Path) -> None:
+    """A pending sweep member's record of a node another member left out of it: in status --json "excluded",
+    in status's note, and kept when this member's own requeue sets its ExcNodeList; a record of an earlier
+    launch of the dir is not this one's."""
+    job = _job(tmp_path)
+    ledger.record_inherited(job.launch_dir, ["n1"], by="53_0", failure=Failure("comm", "x"), node="n1")
+    assert ledger.summary(job.launch_dir)["excluded"] == ["n1"]
+    assert ledger.inherited_note(job.launch_dir) == "n1 excluded after 53_0's comm failure"
+    hang = ledger.Attempt(requeue=0, restart=0, kind="hang", evidence="x", node="n2")
+    assert retry.exclusions([hang], 4, 1, ledger.inherited_nodes(job.launch_dir)) == ["n1", "n2"]
+    write_run_id(job, "next")
+    assert ledger.summary(job.launch_dir)["excluded"] == [] and ledger.inherited_note(job.launch_dir) == ""
