@@ -22,7 +22,7 @@ resumed them; a checkpoint it left may keep some, which the ledger cannot know),
 ``goodput`` = the wall time of kept steps over the wall time from the first attempt's start to the last one's end.
 
 This module imports only the standard library, :mod:`automodel_hydra.failures`,
-:mod:`automodel_hydra.fault_tolerance` and :mod:`automodel_hydra.plan`.
+:mod:`automodel_hydra.fault_tolerance`, :mod:`automodel_hydra.plan` and :mod:`automodel_hydra.states`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from automodel_hydra import failures, fault_tolerance
 from automodel_hydra.plan import CANCELLED_MARK, attempt_name, read_run_id
+from automodel_hydra.states import JobState
 
 #: Where the ranks' records go, under the job's ``launch/`` dir (end records: :mod:`automodel_hydra.outcome`).
 RANKS_DIR = "ranks"
@@ -322,8 +323,9 @@ def _losses(rows: list[Attempt]) -> None:
             a.seconds_lost = wall * min(a.steps_lost, done) / done
 
 
-def goodput(rows: tp.Sequence[Attempt]) -> float | None:
-    """Kept steps' wall time over the wall time since the first start (0..1), or None without times."""
+def wall_times(rows: tp.Sequence[Attempt]) -> tuple[float, float] | None:
+    """``(kept_s, wall_s)``: the wall time of kept steps (each attempt's wall time less its ``seconds_lost``) and
+    the wall time from the first attempt's start to the last one's end, in seconds; None without times."""
     starts = [a.start for a in rows if a.start is not None]
     ends = [a.end for a in rows if a.end is not None]
     if not starts or not ends or any(a.seconds_lost is None and a.kind != RUNNING for a in rows):
@@ -333,7 +335,14 @@ def goodput(rows: tp.Sequence[Attempt]) -> float | None:
         return None
     kept = sum(max(0.0, (a.end - a.start) - (a.seconds_lost or 0.0)) for a in rows
                if a.start is not None and a.end is not None)
-    return round(min(1.0, kept / total), 3)
+    return min(kept, total), total
+
+
+def goodput(rows: tp.Sequence[Attempt]) -> float | None:
+    """Kept steps' wall time over the wall time since the first start (0..1), or None without times
+    (:func:`wall_times`)."""
+    times = wall_times(rows)
+    return None if times is None else round(times[0] / times[1], 3)
 
 
 def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
@@ -344,12 +353,24 @@ def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
 
 
 def summary(launch: Path, slurm_state: str | None = None, running: bool = False) -> dict[str, tp.Any]:
-    """``{"attempts": [...], "goodput": g, "excluded": [nodes]}`` for ``automodel-hydra status --json``
-    (``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`, and those a sweep's other
+    """``{"attempts": [...], "goodput": g, "kept_s": k, "wall_s": w, "excluded": [nodes]}`` for
+    ``automodel-hydra status --json`` and ``report`` (``kept_s``/``wall_s``: :func:`wall_times`;
+    ``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`, and those a sweep's other
     member left out of it while it was pending)."""
     rows = attempts(launch, slurm_state, running)
+    times = wall_times(rows)
     return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows),
+            "kept_s": None if times is None else round(times[0], 1),
+            "wall_s": None if times is None else round(times[1], 1),
             "excluded": sorted({*excluded(rows), *inherited_nodes(launch)})}
+
+
+def of_state(launch: Path, state: JobState) -> dict[str, tp.Any]:
+    """:func:`summary` of a job in ``state`` as its backend says it (``automodel-hydra status``): the
+    scheduler's final word classes the last attempt (TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, CANCELLED...;
+    FAILED and COMPLETED say nothing the ranks' records do not), and a job not ended yet has a running attempt."""
+    slurm_state = state.value if state.final and state not in (JobState.COMPLETED, JobState.FAILED) else None
+    return summary(launch, slurm_state=slurm_state, running=not state.final)
 
 
 def excluded(rows: tp.Sequence[Attempt]) -> list[str]:

@@ -9,6 +9,7 @@ pure rules are in tests/test_failures.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import csv
 import json
 import re
 import typing as tp
@@ -186,3 +187,18 @@ def test_a_node_blamed_by_one_sweep_member_is_left_out_of_the_pending_ones(slurm
     assert decision["pending_excluded"] == {f"{array}_1": [bad], f"{array}_2": [bad]}, decision
     assert f"node {bad} excluded for the array's pending task(s) {array}_1, {array}_2" in \
         (sweep / "slurm").joinpath(f"{array}_0_0_log.out").read_text()
+    # the report: job 0's two attempts (the others ran once, clean), with the numbers status --json gave
+    made = _cli("report", str(sweep))  # (exit 1: the recipe logs no step to draw; the tables are all there)
+    assert made.returncode == 1 and "no logged step in any job yet" in made.stderr, made.stdout + made.stderr
+    print("\n" + made.stdout)
+    assert "attempts of the jobs with more than one attempt or a failed one (1 of 3)" in made.stdout
+    with (sweep / "report" / "attempts.csv").open() as f:
+        tried = list(csv.DictReader(f))
+    assert [(r["job"], r["class"], r["node"]) for r in tried] == [
+        ("0", "comm", bad), ("0", "completed", rows[0]["attempts"][1]["node"]),
+        ("1", "completed", rows[1]["attempts"][0]["node"]), ("2", "completed", rows[2]["attempts"][0]["node"])]
+    assert [float(r["seconds_lost"]) for r in tried] == [a["seconds_lost"] for row in rows for a in row["attempts"]]
+    with (sweep / "report" / "failure_costs.csv").open() as f:
+        (costs,) = list(csv.DictReader(f))
+    assert costs["by_class"] == "completed 3, comm 1" and costs["failed_attempts"] == "1", costs
+    assert 0 < float(costs["goodput"]) < 1, costs

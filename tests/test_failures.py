@@ -5,6 +5,7 @@ tests/test_failure_runs.py."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import typing as tp
@@ -252,3 +253,68 @@ def test_a_node_another_member_excluded_is_this_jobs_too(tmp_path: Path) -> None
     assert retry.exclusions([hang], 4, 1, ledger.inherited_nodes(job.launch_dir)) == ["n1", "n2"]
     write_run_id(job, "next")
     assert ledger.summary(job.launch_dir)["excluded"] == [] and ledger.inherited_note(job.launch_dir) == ""
+
+
+# ----------------------------------------------------------------------------------------------- the report
+
+
+def test_the_report_shows_what_failures_cost_each_job_and_the_sweep(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A 3-job Slurm sweep: job 0 failed a comm all-reduce at step 4 on n1 (60 s) and its requeue resumed from 2
+    and completed at step 8 (60 s); job 1 ran once, clean (50 s); job 2 raised before its first step (20 s). The
+    printed table lists jobs 0 and 2 only and says so; attempts.csv has all four attempts with the numbers of
+    ``status --json`` (the ledger); failure_costs.csv has the sweep's summary. A single clean run is one line."""
+    from automodel_hydra import report
+
+    def job(num: int) -> JobSpec:
+        spec = JobSpec(tmp_path / "S" / str(num), "train", job_num=num)
+        write_run_id(spec, "this")
+        (spec.job_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s}) + "\n"
+                                                            for s in range(1, 5)))
+        return spec
+
+    first, clean, bad = job(0), job(1), job(2)
+    _start(first, 1000)
+    _end(first, 1, outcome.RAISED, 4, 1060, failure=Failure("comm", "DistBackendError: NCCL error"))
+    _end(first, 0, outcome.RAISED, 4, 1060, failure=Failure("comm", "DistBackendError: peer gone"))
+    _start(first, 1070, requeue=1)
+    for rank in (0, 1):
+        _end(first, rank, outcome.RETURNED, 8, 1130, requeue=1, resumed=2)
+    ledger.record_decision(first.launch_dir, 0, 0, Failure("comm", "x"),
+                           failures.Decision(True, "retried: comm 1 of failure_budget.comm=3"), by="slurm")
+    _start(clean, 1000)
+    for rank in (0, 1):
+        _end(clean, rank, outcome.RETURNED, 4, 1050)
+    _start(bad, 1000)
+    _end(bad, 0, outcome.RAISED, 0, 1020, failure=Failure("user_error", "ValueError: no"))
+    records = [{"job_dir": str(j.job_dir), "backend": "slurm", "job_num": j.job_num} for j in (first, clean, bad)]
+    states = [JobState.COMPLETED, JobState.COMPLETED, JobState.FAILED]
+    out = tmp_path / "S" / "report"
+    assert report.report(tmp_path / "S", records, [0, 1, 2], {0: "a", 1: "b", 2: "c"}, [], states, out) == 0
+    printed = capsys.readouterr().out
+    assert "attempts of the jobs with more than one attempt or a failed one (2 of 3)" in printed
+    assert "the other 1 job(s) ran once without a failure" in printed
+    table = printed.split("attempts of the jobs")[1].split("what failures cost")[0]
+    assert [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")] == ["0", "0", "2"]
+    with (out / "attempts.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["attempt"], r["class"], r["steps_lost"], r["seconds_lost"]) for r in rows] == [
+        ("0", "attempt0", "comm", "2", "30.0"), ("0", "requeue1.attempt0", "completed", "0", "0.0"),
+        ("1", "attempt0", "completed", "0", "0.0"), ("2", "attempt0", "user_error", "0", "20.0")]
+    said = ledger.of_state(first.launch_dir, JobState.COMPLETED)["attempts"][0]  # what status --json gives
+    assert rows[0]["node"] == said["node"] and float(rows[0]["seconds_lost"]) == said["seconds_lost"]
+    assert rows[0]["decision"] == "retried: comm 1 of failure_budget.comm=3"
+    assert rows[0]["start"] == "1970-01-01T00:16:40+00:00" and rows[0]["end"] == "1970-01-01T00:17:40+00:00"
+    with (out / "failure_costs.csv").open() as f:
+        (costs,) = list(csv.DictReader(f))
+    # kept: job 0 (60 - 30) + 60 of 130 s, job 1 50 of 50 s, job 2 0 of 20 s
+    assert costs == {"jobs": "3", "attempts": "4", "by_class": "completed 2, comm 1, user_error 1",
+                     "failed_attempts": "2", "steps_lost": "2", "seconds_lost": "50.0",
+                     "goodput": str(round((30 + 60 + 50) / (130 + 50 + 20), 3))}
+    assert "what failures cost the sweep" in printed
+
+    alone = tmp_path / "R"
+    out = alone / "report"
+    assert report.report(alone, records[1:2], [1], {1: "-"}, [], states[1:2], out) == 0
+    assert "attempts: each of the 1 job(s) ran once without a failure" in capsys.readouterr().out
+    assert (out / "attempts.csv").is_file() and not (out / "failure_costs.csv").exists()
