@@ -88,27 +88,69 @@ NODE_STATES = ("NODE_FAIL", "BOOT_FAIL")
 
 
 def slurm_runs(job_id: str, timeout_s: float = 10.0) -> list[list[str]]:
-    """``[[state, nodelist], ...]`` of every run of the job, oldest first (``sacct -D -X -j JOB``: sacct(1)
-    "--duplicates" lists each run of a requeued job, the earlier ones ``REQUEUED``, ``PREEMPTED`` or
-    ``NODE_FAIL``); [] when sacct cannot tell (no accounting, a timeout)."""
+    """``[[state, nodelist, failed], ...]`` of every run of the job, oldest first (``sacct -D -X -j JOB``:
+    sacct(1) "--duplicates" lists each run of a requeued job, the earlier ones ``REQUEUED``, ``PREEMPTED`` or
+    ``NODE_FAIL``); ``failed``: for a run of several nodes that ended NODE_FAIL or BOOT_FAIL, the nodes that went
+    down while it ran (:func:`failed_nodes`), else ""; [] when sacct cannot tell (no accounting, a timeout)."""
     import subprocess
 
     try:
-        proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,NodeList"],
+        proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,NodeList,Start,End"],
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.SubprocessError):
         return []
-    rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
-    return [[r[0].split()[0], r[1]] for r in rows if len(r) >= 2 and r[0].strip()] if proc.returncode == 0 else []
+    if proc.returncode != 0:
+        return []
+    runs = []
+    for r in (line.split("|") for line in proc.stdout.splitlines() if line.strip()):
+        if len(r) < 2 or not r[0].strip():
+            continue
+        state, nodes = r[0].split()[0], r[1]
+        several = "," in nodes or "[" in nodes
+        failed = failed_nodes(nodes, r[2], r[3], timeout_s=timeout_s) if state in NODE_STATES and several \
+            and len(r) >= 4 else []
+        runs.append([state, nodes, ",".join(failed)])
+    return runs
+
+
+#: The node states of a node failure in Slurm's event records (sacctmgr(1) "show event": a node DOWN, FAILed or
+#: drained, and not responding).
+DOWN_STATES = ("DOWN", "FAIL", "DRAIN", "NOT_RESPONDING")
+
+
+def failed_nodes(nodelist: str, start: str, end: str, slack_s: float = 60.0, timeout_s: float = 10.0) -> list[str]:
+    """Which nodes of ``nodelist`` went down between ``start`` and ``end`` (sacct's ISO times) plus ``slack_s``:
+    ``sacctmgr -n -P show event nodes=LIST start=START format=NodeName,TimeStart,State`` (Slurm keeps a node's
+    down events in its accounting, also after the node is back); [] when it cannot tell."""
+    import datetime
+    import subprocess
+
+    try:
+        until = datetime.datetime.fromisoformat(end).timestamp() + slack_s
+        proc = subprocess.run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={nodelist}", f"start={start}",
+                               "format=NodeName,TimeStart,State"], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    found: list[str] = []
+    for row in (line.split("|") for line in proc.stdout.splitlines() if line.count("|") >= 2):
+        try:
+            at = datetime.datetime.fromisoformat(row[1]).timestamp()
+        except ValueError:
+            continue
+        if at <= until and any(s in row[2].upper() for s in DOWN_STATES) and row[0] not in found:
+            found.append(row[0])
+    return found if proc.returncode == 0 else []
 
 
 def _run_states(starts: tp.Mapping[tuple[int, int], tp.Mapping[str, tp.Any]]) -> dict[int, list[str]]:
-    """Requeue number -> ``[state, nodelist]`` of that Slurm run, from the later attempts' start records."""
+    """Requeue number -> ``[state, nodelist, failed]`` of that Slurm run, from the later attempts' start records
+    (an older record's ``[state, nodelist]`` is read with ``failed`` "")."""
     found: dict[int, list[str]] = {}
     for record in starts.values():
         for i, run in enumerate(record.get("slurm_runs") or []):
-            if isinstance(run, list) and len(run) == 2 and i < int(record.get("requeue") or 0):
-                found.setdefault(i, [str(run[0]), str(run[1])])
+            if isinstance(run, list) and len(run) in (2, 3) and i < int(record.get("requeue") or 0):
+                found.setdefault(i, [str(run[0]), str(run[1]), str(run[2]) if len(run) == 3 else ""])
     return found
 
 
@@ -287,6 +329,8 @@ def attempts(launch: Path, slurm_state: str | None = None, running: bool = False
                                                                                          failure.evidence)
             if died and run is not None and "," not in run[1] and "[" not in run[1]:
                 node = run[1]  # a one-node run: the node that failed
+            elif died and run is not None and run[2]:
+                node = run[2]  # a run of several nodes: those Slurm's events say went down while it ran
         start = starts.get(key)
         times = [float(r["mtime"]) for r in (*mine, *hung)]
         steps = [int(r["step"]) for r in mine if isinstance(r.get("step"), int)]

@@ -42,15 +42,23 @@ def exclusions(rows: tp.Sequence[ledger.Attempt], partition_nodes: int | None, j
     """The nodes the requeued job is to be kept off: those excluded before (by its own requeues, and
     ``inherited``: by a sweep's other member while this one was pending), plus the node the last attempt's
     evidence blames (the hung rank's host, the first failing rank's of a comm failure) where its class is in
-    :data:`BLAMES_NODE`; the blamed node only while the partition keeps enough nodes for the job
+    :data:`BLAMES_NODE`, and the node of each earlier run that Slurm requeued itself after a node failure
+    (:func:`slurm_failed`); each new one only while the partition keeps enough nodes for the job
     (``partition_nodes``: ``sinfo``'s count, None: unknown, then nothing new is excluded). Pure."""
-    before = sorted({*ledger.excluded(rows), *inherited})
-    last = rows[-1] if rows else None
-    if last is None or last.kind not in BLAMES_NODE or not last.node or last.node in before:
-        return before
-    if partition_nodes is None or partition_nodes - len(before) - 1 < job_nodes:
-        return before
-    return sorted({*before, last.node})
+    found = set(ledger.excluded(rows)) | set(inherited)
+    if partition_nodes is None:
+        return sorted(found)
+    for node in [*slurm_failed(rows), *([blamed(rows)] if blamed(rows) else [])]:
+        for name in str(node).split(","):
+            if name and name not in found and partition_nodes - len(found) - 1 >= job_nodes:
+                found.add(name)
+    return sorted(found)
+
+
+def slurm_failed(rows: tp.Sequence[ledger.Attempt]) -> list[str]:
+    """The nodes of the earlier runs that ended in a node failure Slurm requeued by itself (no decision of ours:
+    the hook never ran on the dead node), oldest first."""
+    return [a.node for a in rows[:-1] if a.kind == failures.NODE_FAILURE and a.node and a.decision is None]
 
 
 def blamed(rows: tp.Sequence[ledger.Attempt]) -> str | None:
@@ -128,12 +136,13 @@ def main(argv: tp.Sequence[str] | None = None, environ: tp.Mapping[str, str] = o
     excluded = sorted({*ledger.excluded(rows), *inherited})
     job_nodes = int(environ.get("SLURM_JOB_NUM_NODES") or 1)
     node = blamed(rows)
-    total = partition_nodes(environ) if node else None
+    total = partition_nodes(environ) if node or (action == REQUEUE and slurm_failed(rows)) else None
     if action == REQUEUE:
         excluded = exclusions(rows, total, job_nodes, inherited)
-        if node in set(excluded) - {*ledger.excluded(rows), *inherited}:
-            decision = failures.Decision(True, f"{decision.why}; node {node} excluded (ExcNodeList="
-                                               f"{','.join(excluded)})")
+        added = [n for n in excluded if n not in {*ledger.excluded(rows), *inherited}]
+        if added:
+            decision = failures.Decision(True, f"{decision.why}; node{'s' if len(added) > 1 else ''} "
+                                               f"{', '.join(added)} excluded (ExcNodeList={','.join(excluded)})")
     target = slurm_requeue_target(environ)
     others: dict[str, list[str]] = {}
     if node and array and environ.get("SLURM_ARRAY_JOB_ID"):  # before our own requeue frees the array's slot

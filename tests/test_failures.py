@@ -6,6 +6,7 @@ tests/test_failure_runs.py."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import typing as tp
@@ -193,6 +194,23 @@ def test_an_earlier_run_slurm_says_ended_node_fail_is_a_node_failure(tmp_path: P
     assert ledger.failed_before(job.launch_dir, (2, 0)) == ["node_failure"]
 
 
+def test_a_two_node_run_slurm_ended_node_fail_blames_the_node_that_went_down(tmp_path: Path) -> None:
+    """Run 0 on node[1-2] died NODE_FAIL; the requeued run's rank 0 recorded which node Slurm's events say went
+    down (node2): the ledger blames node2, not rank 0's node1; without that word it is a node_failure still."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    path = ledger.record_start(job.launch_dir, 0, 1, environ={"SLURMD_NODENAME": "node1"})
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "slurm_runs": [["NODE_FAIL", "node[1-2]", "node2"],
+                                                         ["RUNNING", "node[1-2]", ""]]}))
+    _at(path, 1100)
+    first = ledger.attempts(job.launch_dir)[0]
+    assert (first.kind, first.node) == ("node_failure", "node2"), first
+    unknown = [["NODE_FAIL", "node[1-2]", ""], ["RUNNING", "node[1-2]", ""]]
+    path.write_text(json.dumps({**record, "slurm_runs": unknown}))
+    assert ledger.attempts(job.launch_dir)[0].kind == "node_failure"
+
+
 # ----------------------------------------------------------------------------------------------- the requeue hook
 
 
@@ -318,3 +336,18 @@ def test_the_report_shows_what_failures_cost_each_job_and_the_sweep(tmp_path: Pa
     assert report.report(alone, records[1:2], [1], {1: "-"}, [], states[1:2], out) == 0
     assert "attempts: each of the 1 job(s) ran once without a failure" in capsys.readouterr().out
     assert (out / "attempts.csv").is_file() and not (out / "failure_costs.csv").exists()
+
+
+def test_a_node_slurm_requeued_the_job_off_is_left_out_at_the_next_requeue() -> None:
+    """Slurm requeued the job itself after n2 failed (no decision of ours); the next attempt crashes and the hook
+    requeues it: n2 goes into ExcNodeList with it (Slurm avoids n2 only while it is down), while the partition
+    keeps enough nodes; a node_failure the hook decided on itself is already in its own excluded list."""
+    died = ledger.Attempt(requeue=0, restart=0, kind="node_failure", evidence="Slurm state NODE_FAIL", node="n2")
+    crash = ledger.Attempt(requeue=1, restart=0, kind="crash", evidence="x", node="n1")
+    assert retry.slurm_failed([died, crash]) == ["n2"]
+    assert retry.exclusions([died, crash], partition_nodes=4, job_nodes=1) == ["n2"]
+    assert retry.exclusions([died, crash], partition_nodes=2, job_nodes=2) == []
+    both = ledger.Attempt(requeue=0, restart=0, kind="node_failure", evidence="x", node="n2,n3")
+    assert retry.exclusions([both, crash], partition_nodes=4, job_nodes=1) == ["n2", "n3"]
+    decided = dataclasses.replace(died, decision="retried: node_failure 1 of failure_budget.node_failure=3")
+    assert retry.slurm_failed([decided, crash]) == []
