@@ -8,7 +8,7 @@
     automodel-hydra logs [DIR] [JOB]        follow a job's log until the job ends (--no-follow: print and exit)
     automodel-hydra cancel DIR [JOB]        cancel every job of DIR, or job number JOB
     automodel-hydra resume DIR              run a sweep again: COMPLETED members kept, the others run again
-    automodel-hydra report [DIR]            final metrics per job, and loss curves in DIR/report/loss.png
+    automodel-hydra report [DIR]            final metrics, loss curves (DIR/report/loss.png), failures' cost
 
 DIR is a run dir (``launch/submission.json``) or a sweep dir (``launch/manifest.json``; without one, its jobs'
 ``*/launch/submission.json``). Without DIR: the newest run or sweep under ./outputs and ./multirun (Hydra's
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import dataclasses
 import datetime
 import json
@@ -34,17 +33,16 @@ from pathlib import Path
 
 from automodel_hydra import records as run_records
 from automodel_hydra import version_line
-from automodel_hydra.plan import JOB_FILE, LAUNCH_DIR, RESULT_FILE, launch_dir
+from automodel_hydra.display import STYLE as _STYLE
+from automodel_hydra.display import fmt as _fmt
+from automodel_hydra.display import show as _show
+from automodel_hydra.display import table as _table
+from automodel_hydra.plan import LAUNCH_DIR, launch_dir
 from automodel_hydra.schema import USER_ERROR_EXIT, UserError
 from automodel_hydra.states import JobState
 from automodel_hydra.stops import CTRL_C_EXIT
 
 Record = dict[str, tp.Any]
-
-_STYLE = {JobState.COMPLETED: "green", JobState.RUNNING: "cyan", JobState.PENDING: "dim",
-          JobState.FAILED: "bold red", JobState.TIMEOUT: "red", JobState.OUT_OF_MEMORY: "red",
-          JobState.NODE_FAIL: "red", JobState.BOOT_FAIL: "red", JobState.DEADLINE: "red",
-          JobState.CANCELLED: "yellow", JobState.PREEMPTED: "yellow", JobState.UNKNOWN: "magenta"}
 
 #: Where runs and sweeps are looked for without a DIR: Hydra's default ``hydra.run.dir`` / ``hydra.sweep.dir`` roots.
 SEARCH_ROOTS = ("outputs", "multirun")
@@ -147,13 +145,6 @@ def resolve_dir(arg: str | None) -> Path:
 # ----------------------------------------------------------------------------------------------- output helpers
 
 
-def _console() -> tp.Any:
-    from rich.console import Console
-
-    # piped: as wide as the rows need, so that each row stays one line (greppable)
-    return Console() if sys.stdout.isatty() else Console(width=1000)
-
-
 def job_ids(record: Record) -> list[str]:
     """The job's ids: the record's, or (a local job, whose pid is written just after its record) its reference's."""
     ids = [str(i) for i in record.get("job_ids") or []]
@@ -175,33 +166,6 @@ def split_overrides(records: list[Record]) -> tuple[list[str], dict[int, str]]:
     common = set.intersection(*sets)
     shared = [o for o in records[0].get("overrides", []) if o in common]
     return shared, {job_num(r): " ".join(o for o in r.get("overrides", []) if o not in common) or "-" for r in records}
-
-
-def varied_keys(records: list[Record]) -> list[str]:
-    """The override keys whose values differ between the jobs (``optim.lr``, ``seed``), in first-seen order; a key
-    that only some jobs set counts as varied."""
-    per_job = [{o.partition("=")[0].lstrip("+~"): o.partition("=")[2] for o in r.get("overrides", [])}
-               for r in records]
-    keys = list(dict.fromkeys(k for job in per_job for k in job))
-    return [k for k in keys if len({job.get(k) for job in per_job}) > 1]
-
-
-def _table() -> tp.Any:
-    from rich.table import Table
-
-    return Table()
-
-
-def _show(title: str, table: tp.Any, below: tp.Iterable[str] = ()) -> None:
-    """Print ``title``, ``table`` and the lines said once for the whole table (``every job: ...``). Each line is
-    printed whole, never markup: a terminal wraps it at its own width, a pipe keeps it one line (greppable)."""
-    from rich.text import Text
-
-    console = _console()
-    console.print(Text(title), soft_wrap=True)
-    console.print(table)
-    for line in below:
-        console.print(Text(line), soft_wrap=True)
 
 
 def _when(record: Record) -> str:
@@ -284,19 +248,9 @@ def log_reader(record: Record, path: Path) -> tp.Callable[[int], tuple[int, byte
     return lambda pos: impl.read_log(ref, path, pos)
 
 
-def attempts_of(record: Record, state: JobState) -> dict[str, tp.Any]:
-    """``{"attempts": [...], "goodput": g}`` of a job whose ranks write into its dir here (the ledger,
-    :mod:`automodel_hydra.ledger`; the scheduler's final state classes the last attempt), else empty."""
-    from automodel_hydra import backends, ledger
-
-    if not getattr(backends.get(record["backend"]), "ranks_write_job_dir", False):  # (as progress.backend_states)
-        return {}
-    slurm_state = state.value if state.final and state not in (JobState.COMPLETED, JobState.FAILED) else None
-    return ledger.summary(Path(record["job_dir"]) / LAUNCH_DIR, slurm_state=slurm_state, running=not state.final)
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from automodel_hydra.progress import backend_states
+    from automodel_hydra.report import job_attempts, last_logged, number
 
     root = resolve_dir(args.dir)
     records = load_records(root)
@@ -311,12 +265,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                      "name": rec.get("job_name") or "-",
                      "job_ids": job_ids(rec), "state": info.state.value,
                      "step": logged["step"] if logged else None,
-                     "loss": logged.get("loss") if logged and _number(logged.get("loss")) else None,
-                     "note": "; ".join(x for x in (_note(rec, info.state, info.reason), _ft_note(rec, info.state))
-                                       if x),
+                     "loss": logged.get("loss") if logged and number(logged.get("loss")) else None,
+                     "note": "; ".join(x for x in (_note(rec, info.state, info.reason), _ft_note(rec, info.state),
+                                                   _excluded_note(rec)) if x),
                      "job_dir": rec["job_dir"]})
         if args.json:
-            rows[-1].update(attempts_of(rec, info.state))
+            rows[-1].update(job_attempts(rec, info.state))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -464,307 +418,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------- report
 
 
-def read_metrics(job_dir: Path) -> list[dict[str, tp.Any]]:
-    """The rows of ``metrics.jsonl`` (a torn last line from a crashed job is skipped)."""
-    from automodel_hydra.metrics import METRICS_FILE, read_records
-
-    return read_records(Path(job_dir) / METRICS_FILE)
-
-
-@dataclasses.dataclass
-class Curve:
-    """One job's logged losses: every logged step with a finite training loss, and the steps with a validation
-    loss; ``more_val``: AutoModel's named validation sets (``validation_<name>.jsonl``), name -> (steps, losses)."""
-
-    steps: list[int]
-    losses: list[float]
-    val_steps: list[int]
-    val_losses: list[float]
-    #: the first step logged after each in-job restart (the records' ``restart`` field; fault tolerance's
-    #: ``launch/ft/attempts.jsonl`` by time)
-    restarts: list[int] = dataclasses.field(default_factory=list)
-    #: the first step logged after each Slurm requeue (the records' ``requeue`` field)
-    requeues: list[int] = dataclasses.field(default_factory=list)
-    #: where a recipe that keeps its own records (AutoModel's ``training.jsonl``) resumed from a checkpoint: the
-    #: first step it logged again, when no restart or requeue above explains it
-    resumes: list[int] = dataclasses.field(default_factory=list)
-    more_val: dict[str, tuple[list[int], list[float]]] = dataclasses.field(default_factory=dict)
-
-
-def _number(value: tp.Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def curve(metrics: list[dict[str, tp.Any]]) -> Curve:
-    """Every row of ``metrics.jsonl`` as a curve (rows whose loss is null, i.e. not finite, are left out)."""
-    train = [(m["step"], m["loss"]) for m in metrics if _number(m.get("loss")) and _number(m.get("step"))]
-    val = [(m["step"], m["val_loss"]) for m in metrics if _number(m.get("val_loss")) and _number(m.get("step"))]
-    return Curve([s for s, _ in train], [v for _, v in train], [s for s, _ in val], [v for _, v in val])
-
-
-def attempt_steps(rows: list[dict[str, tp.Any]], field: str, *, later: bool = True) -> list[int]:
-    """The first step each new attempt logged: where the record's ``field`` (``restart`` or ``requeue``,
-    :data:`automodel_hydra.metrics.ATTEMPT_FIELDS`; absent = 0) grows from the record before (``later=False``:
-    where it falls back, i.e. a new launch of the job dir after a restarted or requeued one)."""
-    steps, before = [], 0
-    for row in rows:
-        now = row.get(field, 0)
-        if _number(now) and _number(row.get("step")) and (now > before if later else now < before):
-            steps.append(int(row["step"]))
-        before = now if _number(now) else before
-    return steps
-
-
-def restart_steps(metrics: list[dict[str, tp.Any]], job_dir: Path) -> list[int]:
-    """The first step logged after each in-job restart of the job (by time: the restarted attempt's rank 0 records
-    when it started, :func:`automodel_hydra.fault_tolerance.record_attempt`)."""
-    from automodel_hydra import fault_tolerance
-
-    steps = []
-    for row in fault_tolerance.attempts(Path(job_dir) / "launch"):
-        after = [m["step"] for m in metrics if _number(m.get("time")) and _number(m.get("step"))
-                 and m["time"] >= float(row.get("time", 0))]
-        if after:
-            steps.append(min(after))
-    return steps
-
-
-def automodel_log_dir(job_dir: Path) -> Path | None:
-    """Where a job's AutoModel recipe writes ``training.jsonl`` and ``validation*.jsonl``, from the job's
-    ``launch/job.yaml`` (:func:`automodel_hydra.recipe_kind.metrics_dir`); None for the bundled recipe, a dir only
-    the ranks can resolve (``${VAR}``), or no spec."""
-    import yaml
-
-    from automodel_hydra.recipe_kind import metrics_dir
-
-    try:  # libyaml's loader where PyYAML has it: status reads one spec per job of a sweep
-        spec = yaml.load((Path(job_dir) / LAUNCH_DIR / JOB_FILE).read_text(),
-                         Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
-        return None
-    return metrics_dir(spec, Path(job_dir)) if isinstance(spec, dict) else None
-
-
-#: AutoModel's JSON Lines records of a run, in its checkpoint dir (``recipes/llm/train_ft.py``, 0.7.0): one per
-#: logged training step, and per validation (``validation_<name>.jsonl`` for a named validation set).
-AUTOMODEL_TRAINING, AUTOMODEL_VALIDATION = "training.jsonl", "validation.jsonl"
-
-
-def automodel_curve(log_dir: Path, job_dir: Path) -> Curve:
-    """An AutoModel recipe's own records as a curve. AutoModel appends to its files, so a job that resumed from a
-    checkpoint (requeued, restarted, launched again) logged the steps after that checkpoint twice: each step keeps
-    its last record, and the first step logged again is a resume. In-job restarts come from fault tolerance's
-    record (by time: the records' ``timestamp``, ISO 8601)."""
-    def by_step(rows: list[dict[str, tp.Any]], field: str) -> tuple[list[int], list[float], list[int]]:
-        kept: dict[int, float] = {}
-        again: list[int] = []
-        last: int | None = None
-        for row in rows:
-            if not _number(row.get("step")):
-                continue
-            step = int(row["step"])
-            if last is not None and step <= last:
-                again.append(step)
-            last = step
-            if _number(row.get(field)):
-                kept[step] = float(row[field])
-        steps = sorted(kept)
-        return steps, [kept[s] for s in steps], again
-
-    from automodel_hydra.metrics import read_records
-
-    train = read_records(log_dir / AUTOMODEL_TRAINING)
-    steps, losses, again = by_step(train, "loss")
-    val_steps, val_losses, _ = by_step(read_records(log_dir / AUTOMODEL_VALIDATION), "val_loss")
-    c = Curve(steps, losses, val_steps, val_losses)
-    for path in sorted(log_dir.glob("validation_*.jsonl")):
-        named = by_step(read_records(path), "val_loss")
-        if named[0]:
-            c.more_val[path.stem.removeprefix("validation_")] = (named[0], named[1])
-    timed = [{"step": row.get("step"), "time": _epoch(row.get("timestamp"))} for row in train]
-    c.restarts = restart_steps([r for r in timed if r["time"] is not None], job_dir)
-    c.resumes = [s for s in again if s not in c.restarts]
-    return c
-
-
-def _epoch(stamp: tp.Any) -> float | None:
-    """An ISO 8601 time stamp (AutoModel's ``2026-12-04T10:00:00.123Z``) in seconds since the epoch."""
-    try:
-        return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def last_logged(job_dir: Path) -> dict[str, tp.Any] | None:
-    """The job's last logged step, whichever recipe logged it (``metrics.jsonl``, else an AutoModel recipe's
-    ``training.jsonl``); None before its first step."""
-    from automodel_hydra.metrics import METRICS_FILE, last_record
-
-    row = last_record(Path(job_dir) / METRICS_FILE)
-    if row is None:
-        log_dir = automodel_log_dir(job_dir)
-        row = last_record(log_dir / AUTOMODEL_TRAINING) if log_dir is not None else None
-    return row if row is not None and _number(row.get("step")) else None
-
-
-def job_curve(job_dir: Path) -> tuple[Curve, list[dict[str, tp.Any]]]:
-    """The job's curve and the rows it came from, whichever recipe logged them: ``metrics.jsonl`` (the bundled
-    recipe, a function's ``dist.log``), else an AutoModel recipe's own records (:func:`automodel_curve`)."""
-    from automodel_hydra.metrics import RESUMED_FIELD
-
-    rows = read_metrics(job_dir)
-    if rows:
-        c = curve(rows)
-        c.restarts = sorted(set(attempt_steps(rows, "restart")) | set(restart_steps(rows, job_dir)))
-        c.requeues = attempt_steps(rows, "requeue")
-        launches = {int(r["step"]) for r in rows if r.get(RESUMED_FIELD) is True and _number(r.get("step"))}
-        c.resumes = sorted(({s for f in ("restart", "requeue") for s in attempt_steps(rows, f, later=False)}
-                            | launches) - set(c.restarts) - set(c.requeues))
-        return c, rows
-    log_dir = automodel_log_dir(job_dir)
-    if log_dir is None:
-        return Curve([], [], [], []), []
-    from automodel_hydra.metrics import read_records
-
-    return automodel_curve(log_dir, job_dir), read_records(log_dir / AUTOMODEL_TRAINING)
-
-
-def report_title(root: Path, records: list[Record]) -> str:
-    """Which run or sweep (its dir) and what varied between its jobs."""
-    varied = varied_keys(records)
-    what = f"varied: {', '.join(varied)}" if varied else ("1 job" if len(records) == 1 else "no override varied")
-    return f"{root.resolve()}\n{len(records)} job(s); {what}"
-
-
 def cmd_report(args: argparse.Namespace) -> int:
+    """``automodel-hydra report [DIR]``: :func:`automodel_hydra.report.report` of the dir's jobs."""
+    from automodel_hydra import report
+    from automodel_hydra.progress import backend_states
+
     root = resolve_dir(args.dir)
     records = load_records(root)
     fetch_remote(records)
-    out_dir = Path(args.out) if args.out else root / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
     shared, labels = split_overrides(records)
-    from automodel_hydra.progress import backend_states
-
-    rows, curves = [], {}
-    for rec, info in zip(records, backend_states(records)):  # (one scheduler query for all)
-        job_dir = Path(rec["job_dir"])
-        c, logged = job_curve(job_dir)
-        result_file = job_dir / RESULT_FILE
-        result = json.loads(result_file.read_text()) if result_file.is_file() else {}
-        last = logged[-1] if logged else {}
-        rows.append({"job": job_num(rec), "overrides": labels[job_num(rec)],
-                     "completed": _completed(rec), "step": result.get("step", last.get("step")),
-                     "loss": result.get("loss", c.losses[-1] if c.losses else None),
-                     "val_loss": result.get("val_loss", c.val_losses[-1] if c.val_losses else None),
-                     "tokens_per_s": result.get("tokens_per_s", last.get("tokens_per_s", last.get("tps"))),
-                     "world_size": result.get("world_size", last.get("world_size")), "state": info.state.value})
-        if c.steps or c.val_steps:
-            label = labels[job_num(rec)]
-            curves[f"{job_num(rec)}: {label}" if label != "-" else f"job {job_num(rec)}"] = c
-    csv_path = out_dir / "final_metrics.csv"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    _print_report(str(root), rows, shared)
-    if not curves:
-        print(f"no logged step in any job yet (metrics.jsonl: the bundled recipe, a function's dist.log; "
-              f"{AUTOMODEL_TRAINING} in an AutoModel recipe's checkpoint dir); wrote {csv_path}", file=sys.stderr)
-        return 1
-    png = plot_losses(curves, out_dir / "loss.png", title=report_title(root, records))
-    points = write_curves(curves, out_dir / "curves.csv")
-    print(f"wrote {png}, {points} and {csv_path}")
-    return 0
-
-
-def _completed(record: Record) -> bool:
-    """Whether the job completed in its launch: its result carries the launch id and every rank of its last
-    attempt returned (:func:`automodel_hydra.outcome.completed`; a result left by an earlier launch is not this
-    one's). A SkyPilot job's result is on its nodes: there, the result copied back counts."""
-    from automodel_hydra import backends, outcome
-    from automodel_hydra.plan import JobSpec
-
-    job = JobSpec(job_dir=Path(record["job_dir"]), job_name=str(record.get("log_name") or "train"))
-    if not backends.get(record["backend"]).ranks_write_job_dir:
-        return job.result_file.is_file()
-    return outcome.completed(job)
-
-
-def _fmt(value: tp.Any, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec) if isinstance(value, float) else str(value)
-
-
-def _print_report(title: str, rows: list[dict[str, tp.Any]], shared: list[str]) -> None:
-    table = _table()
-    for name in ("job", "overrides", "completed", "state", "step", "loss", "val_loss", "tokens/s", "world_size"):
-        table.add_column(name, justify="left" if name == "overrides" else "right", no_wrap=name != "overrides")
-    from rich.text import Text
-
-    for r in rows:
-        done = Text("yes") if r["completed"] else Text("no", style="red")
-        state = Text(r["state"], style=_STYLE.get(JobState(r["state"]), ""))
-        table.add_row(str(r["job"]), Text(r["overrides"]), done, state, _fmt(r["step"]), _fmt(r["loss"]),
-                      _fmt(r["val_loss"]), _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["world_size"]))
-    _show(f"{title}: final metrics", table,
-          [f"{'every job' if len(rows) > 1 else 'overrides'}: {' '.join(shared)}"] if shared else [])
-
-
-def write_curves(curves: dict[str, Curve], path: Path) -> Path:
-    """Every plotted point as CSV (``job, step, loss, val_loss``, and ``val_loss_<name>`` per named validation
-    set): the numbers behind ``loss.png``."""
-    names = list(dict.fromkeys(name for c in curves.values() for name in c.more_val))
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["job", "step", "loss", "val_loss", *(f"val_loss_{n}" for n in names)])
-        for label, c in curves.items():
-            series = [dict(zip(c.steps, c.losses)), dict(zip(c.val_steps, c.val_losses)),
-                      *(dict(zip(*c.more_val.get(n, ([], [])))) for n in names)]
-            for step in sorted(set().union(*series)):
-                writer.writerow([label, step, *(values.get(step, "") for values in series)])
-    return path
-
-
-def plot_losses(curves: dict[str, Curve], path: Path, title: str) -> Path:
-    """Loss vs step, one colour per job: the training loss at every logged step (a line through all of them), the
-    validation loss where there is one (dashed, square markers; AutoModel's named validation sets with triangles)
-    and a vertical line where training went on after each in-job restart (dotted), Slurm requeue (dash-dot) or
-    other resume from a checkpoint (sparse dots). Drawn with matplotlib's Agg backend (no display needed);
-    ``title`` is also stored as the PNG's ``Title`` text. Raises CliError naming the ``report`` extra when
-    matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise CliError("the loss plot needs matplotlib: pip install 'automodel-hydra[report]'") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(10, 6), layout="constrained")
-    for label, c in curves.items():
-        (line,) = ax.plot(c.steps, c.losses, label=label, linewidth=1.2,
-                          marker="o" if len(c.steps) <= 50 else None, markersize=2.5)
-        if c.val_steps:
-            ax.plot(c.val_steps, c.val_losses, linestyle="--", marker="s", markersize=4, color=line.get_color(),
-                    label=f"{label} (validation)")
-        for name, (steps, losses) in c.more_val.items():
-            ax.plot(steps, losses, linestyle="--", marker="^", markersize=4, color=line.get_color(),
-                    label=f"{label} (validation {name})")
-        for marks, style, what in ((c.restarts, ":", "in-job restart"), (c.requeues, "-.", "requeue"),
-                                   (c.resumes, (0, (1, 4)), "resumed")):
-            for i, step in enumerate(marks):  # where training went on after the restart, requeue or resume
-                ax.axvline(step, linestyle=style, color=line.get_color(), alpha=0.8,
-                           label=f"{label} ({what})" if i == 0 else None)
-    has_val = any(c.val_steps or c.more_val for c in curves.values())
-    ax.set(xlabel="step", ylabel="loss (nats/token)",
-           title=title + ("\ntraining loss (solid), validation loss (dashed)" if has_val else "\ntraining loss"))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    if len(curves) <= 20:  # beyond that a legend hides the plot; the CSV names every job
-        ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120, metadata={"Title": title})
-    plt.close(fig)
-    return path
+    states = [info.state for info in backend_states(records)]  # (one scheduler query for all)
+    return report.report(root, records, [job_num(r) for r in records], labels, shared, states,
+                         Path(args.out) if args.out else root / "report")
 
 
 # ----------------------------------------------------------------------------------------------- entry point
@@ -800,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="run a sweep's failed, cancelled and never started members again")
     p.add_argument("dir", help="sweep dir")
     p.set_defaults(func=cmd_resume)
-    p = sub.add_parser("report", help="final metrics per job and a PNG of loss curves")
+    p = sub.add_parser("report", help="final metrics per job, a PNG of loss curves and what failures cost")
     p.add_argument("dir", nargs="?", help=latest)
     p.add_argument("--out", default=None, help="output dir (default: DIR/report)")
     p.set_defaults(func=cmd_report)
@@ -817,6 +482,14 @@ def _ft_note(record: Record, state: JobState) -> str:
         return ""
     hang = fault_tolerance.final_hang(launch) if state is JobState.FAILED else None
     return "; ".join(x for x in (hang, fault_tolerance.restart_summary(launch)) if x)
+
+
+def _excluded_note(record: Record) -> str:
+    """The nodes a sweep's other member left out of this job while it was pending (:mod:`automodel_hydra.retry`):
+    ``"node1 excluded after 53_0's comm failure"``; "" when none."""
+    from automodel_hydra import ledger
+
+    return ledger.inherited_note(Path(record["job_dir"]) / LAUNCH_DIR)
 
 
 def _note(record: Record, state: JobState, reason: str) -> str:

@@ -10,7 +10,9 @@ the latest attempt):
   the optimizer step it reached (``step``) and the one it resumed from (``resumed``);
 * ``ft/hang.rank<R>.<attempt>.json``: a hung rank (:mod:`automodel_hydra.fault_tolerance`);
 * ``ranks/decision.<attempt>.json``: whether the attempt was tried again and why (:func:`record_decision`: the
-  worker under ``ft_launcher``, the Slurm requeue hook :mod:`automodel_hydra.retry`).
+  worker under ``ft_launcher``, the Slurm requeue hook :mod:`automodel_hydra.retry`);
+* ``ranks/excluded.<task>.json``: nodes a sweep's other member (array task ``<task>``) left out of this job while
+  it was pending (:func:`record_inherited`).
 
 Times are the file server's modification times of those records (no host's clock is compared). Definitions
 (docs/failures.md): ``steps_lost`` of an attempt = the step it reached minus the step the next attempt resumed
@@ -20,7 +22,7 @@ resumed them; a checkpoint it left may keep some, which the ledger cannot know),
 ``goodput`` = the wall time of kept steps over the wall time from the first attempt's start to the last one's end.
 
 This module imports only the standard library, :mod:`automodel_hydra.failures`,
-:mod:`automodel_hydra.fault_tolerance` and :mod:`automodel_hydra.plan`.
+:mod:`automodel_hydra.fault_tolerance`, :mod:`automodel_hydra.plan` and :mod:`automodel_hydra.states`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from automodel_hydra import failures, fault_tolerance
 from automodel_hydra.plan import attempt_name, read_run_id
 from automodel_hydra.records import read_cancel
+from automodel_hydra.states import JobState
 
 #: Where the ranks' records go, under the job's ``launch/`` dir (end records: :mod:`automodel_hydra.outcome`).
 RANKS_DIR = "ranks"
@@ -86,38 +89,113 @@ NODE_STATES = ("NODE_FAIL", "BOOT_FAIL")
 
 
 def slurm_runs(job_id: str, timeout_s: float = 10.0) -> list[list[str]]:
-    """``[[state, nodelist], ...]`` of every run of the job, oldest first (``sacct -D -X -j JOB``: sacct(1)
-    "--duplicates" lists each run of a requeued job, the earlier ones ``REQUEUED``, ``PREEMPTED`` or
-    ``NODE_FAIL``); [] when sacct cannot tell (no accounting, a timeout)."""
+    """``[[state, nodelist, failed], ...]`` of every run of the job, oldest first (``sacct -D -X -j JOB``:
+    sacct(1) "--duplicates" lists each run of a requeued job, the earlier ones ``REQUEUED``, ``PREEMPTED`` or
+    ``NODE_FAIL``); ``failed``: for a run of several nodes that ended NODE_FAIL or BOOT_FAIL, the nodes that went
+    down while it ran (:func:`failed_nodes`), else ""; [] when sacct cannot tell (no accounting, a timeout)."""
     import subprocess
 
     try:
-        proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,NodeList"],
+        proc = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", str(job_id), "-o", "State,NodeList,Start,End"],
                               capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.SubprocessError):
         return []
-    rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
-    return [[r[0].split()[0], r[1]] for r in rows if len(r) >= 2 and r[0].strip()] if proc.returncode == 0 else []
+    if proc.returncode != 0:
+        return []
+    runs = []
+    for r in (line.split("|") for line in proc.stdout.splitlines() if line.strip()):
+        if len(r) < 2 or not r[0].strip():
+            continue
+        state, nodes = r[0].split()[0], r[1]
+        several = "," in nodes or "[" in nodes
+        failed = failed_nodes(nodes, r[2], r[3], timeout_s=timeout_s) if state in NODE_STATES and several \
+            and len(r) >= 4 else []
+        runs.append([state, nodes, ",".join(failed)])
+    return runs
+
+
+#: The node states of a node failure in Slurm's event records (sacctmgr(1) "show event": a node DOWN, FAILed or
+#: drained, and not responding).
+DOWN_STATES = ("DOWN", "FAIL", "DRAIN", "NOT_RESPONDING")
+
+
+def failed_nodes(nodelist: str, start: str, end: str, slack_s: float = 60.0, timeout_s: float = 10.0) -> list[str]:
+    """Which nodes of ``nodelist`` went down between ``start`` and ``end`` (sacct's ISO times) plus ``slack_s``:
+    ``sacctmgr -n -P show event nodes=LIST start=START format=NodeName,TimeStart,State`` (Slurm keeps a node's
+    down events in its accounting, also after the node is back); [] when it cannot tell."""
+    import datetime
+    import subprocess
+
+    try:
+        until = datetime.datetime.fromisoformat(end).timestamp() + slack_s
+        proc = subprocess.run(["sacctmgr", "-n", "-P", "show", "event", f"nodes={nodelist}", f"start={start}",
+                               "format=NodeName,TimeStart,State"], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    found: list[str] = []
+    for row in (line.split("|") for line in proc.stdout.splitlines() if line.count("|") >= 2):
+        try:
+            at = datetime.datetime.fromisoformat(row[1]).timestamp()
+        except ValueError:
+            continue
+        if at <= until and any(s in row[2].upper() for s in DOWN_STATES) and row[0] not in found:
+            found.append(row[0])
+    return found if proc.returncode == 0 else []
 
 
 def _run_states(starts: tp.Mapping[tuple[int, int], tp.Mapping[str, tp.Any]]) -> dict[int, list[str]]:
-    """Requeue number -> ``[state, nodelist]`` of that Slurm run, from the later attempts' start records."""
+    """Requeue number -> ``[state, nodelist, failed]`` of that Slurm run, from the later attempts' start records
+    (an older record's ``[state, nodelist]`` is read with ``failed`` "")."""
     found: dict[int, list[str]] = {}
     for record in starts.values():
         for i, run in enumerate(record.get("slurm_runs") or []):
-            if isinstance(run, list) and len(run) == 2 and i < int(record.get("requeue") or 0):
-                found.setdefault(i, [str(run[0]), str(run[1])])
+            if isinstance(run, list) and len(run) in (2, 3) and i < int(record.get("requeue") or 0):
+                found.setdefault(i, [str(run[0]), str(run[1]), str(run[2]) if len(run) == 3 else ""])
     return found
 
 
 def record_decision(launch: Path, restart: int, requeue: int, failure: failures.Failure,
-                    decision: failures.Decision, by: str, excluded: tp.Sequence[str] = ()) -> Path:
+                    decision: failures.Decision, by: str, excluded: tp.Sequence[str] = (),
+                    pending: tp.Mapping[str, tp.Sequence[str]] | None = None) -> Path:
     """Whether the attempt is tried again (``by``: ``ft_launcher``, ``slurm``), with its class and evidence;
-    ``excluded``: the nodes the requeued job is kept off (``ExcNodeList``), all so far."""
+    ``excluded``: the nodes the requeued job is kept off (``ExcNodeList``), all so far; ``pending``: the sweep's
+    pending array tasks that the blamed node was left out of, task -> its new ``ExcNodeList``."""
     return _write(decision_file(launch, restart, requeue),
                   {"attempt": restart, "requeue": requeue, "class": failure.kind, "evidence": failure.evidence,
                    "retry": decision.retry, "why": decision.why, "by": by, "excluded": list(excluded),
+                   **({"pending_excluded": {t: list(n) for t, n in pending.items()}} if pending else {}),
                    "run_id": read_run_id(launch)})
+
+
+#: A record of nodes a sweep's other member left out of this pending job: ``ranks/excluded.<task>.json``.
+INHERITED = "excluded.{task}.json"
+
+
+def record_inherited(launch: Path, nodes: tp.Sequence[str], *, by: str, failure: failures.Failure,
+                     node: str) -> Path:
+    """In a pending sweep member's job dir: array task ``by`` blamed ``node`` (``failure``) and left ``nodes``
+    (the member's whole ``ExcNodeList`` now) out of this member before it started."""
+    return _write(Path(launch) / RANKS_DIR / INHERITED.format(task=by),
+                  {"nodes": list(nodes), "by": by, "node": node, "class": failure.kind, "evidence": failure.evidence,
+                   "run_id": read_run_id(launch)})
+
+
+def inherited(launch: Path) -> list[dict[str, tp.Any]]:
+    """This launch's records of :func:`record_inherited`, oldest first."""
+    found = _read((Path(launch) / RANKS_DIR).glob(INHERITED.format(task="*")), read_run_id(launch))
+    return sorted(found, key=lambda r: r["mtime"])
+
+
+def inherited_nodes(launch: Path) -> list[str]:
+    """Every node a sweep's other member left out of this job (:func:`inherited`), sorted."""
+    return sorted({str(n) for r in inherited(launch) for n in r.get("nodes") or []})
+
+
+def inherited_note(launch: Path) -> str:
+    """``"node1 excluded after 53_0's comm failure"`` for ``status``, or "" when no other member excluded any."""
+    said = [f"{r.get('node')} excluded after {r.get('by')}'s {r.get('class')} failure" for r in inherited(launch)]
+    return "; ".join(dict.fromkeys(said))
 
 
 @dataclasses.dataclass
@@ -252,6 +330,8 @@ def attempts(launch: Path, slurm_state: str | None = None, running: bool = False
                                                                                          failure.evidence)
             if died and run is not None and "," not in run[1] and "[" not in run[1]:
                 node = run[1]  # a one-node run: the node that failed
+            elif died and run is not None and run[2]:
+                node = run[2]  # a run of several nodes: those Slurm's events say went down while it ran
         start = starts.get(key)
         times = [float(r["mtime"]) for r in (*mine, *hung)]
         steps = [int(r["step"]) for r in mine if isinstance(r.get("step"), int)]
@@ -288,8 +368,9 @@ def _losses(rows: list[Attempt]) -> None:
             a.seconds_lost = wall * min(a.steps_lost, done) / done
 
 
-def goodput(rows: tp.Sequence[Attempt]) -> float | None:
-    """Kept steps' wall time over the wall time since the first start (0..1), or None without times."""
+def wall_times(rows: tp.Sequence[Attempt]) -> tuple[float, float] | None:
+    """``(kept_s, wall_s)``: the wall time of kept steps (each attempt's wall time less its ``seconds_lost``) and
+    the wall time from the first attempt's start to the last one's end, in seconds; None without times."""
     starts = [a.start for a in rows if a.start is not None]
     ends = [a.end for a in rows if a.end is not None]
     if not starts or not ends or any(a.seconds_lost is None and a.kind != RUNNING for a in rows):
@@ -299,7 +380,14 @@ def goodput(rows: tp.Sequence[Attempt]) -> float | None:
         return None
     kept = sum(max(0.0, (a.end - a.start) - (a.seconds_lost or 0.0)) for a in rows
                if a.start is not None and a.end is not None)
-    return round(min(1.0, kept / total), 3)
+    return min(kept, total), total
+
+
+def goodput(rows: tp.Sequence[Attempt]) -> float | None:
+    """Kept steps' wall time over the wall time since the first start (0..1), or None without times
+    (:func:`wall_times`)."""
+    times = wall_times(rows)
+    return None if times is None else round(times[0] / times[1], 3)
 
 
 def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
@@ -310,10 +398,24 @@ def failed_before(launch: Path, key: tuple[int, int]) -> list[str]:
 
 
 def summary(launch: Path, slurm_state: str | None = None, running: bool = False) -> dict[str, tp.Any]:
-    """``{"attempts": [...], "goodput": g, "excluded": [nodes]}`` for ``automodel-hydra status --json``
-    (``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`)."""
+    """``{"attempts": [...], "goodput": g, "kept_s": k, "wall_s": w, "excluded": [nodes]}`` for
+    ``automodel-hydra status --json`` and ``report`` (``kept_s``/``wall_s``: :func:`wall_times`;
+    ``excluded``: the nodes a requeue kept the job off, :mod:`automodel_hydra.retry`, and those a sweep's other
+    member left out of it while it was pending)."""
     rows = attempts(launch, slurm_state, running)
-    return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows), "excluded": excluded(rows)}
+    times = wall_times(rows)
+    return {"attempts": [a.as_json() for a in rows], "goodput": goodput(rows),
+            "kept_s": None if times is None else round(times[0], 1),
+            "wall_s": None if times is None else round(times[1], 1),
+            "excluded": sorted({*excluded(rows), *inherited_nodes(launch)})}
+
+
+def of_state(launch: Path, state: JobState) -> dict[str, tp.Any]:
+    """:func:`summary` of a job in ``state`` as its backend says it (``automodel-hydra status``): the
+    scheduler's final word classes the last attempt (TIMEOUT, PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, CANCELLED...;
+    FAILED and COMPLETED say nothing the ranks' records do not), and a job not ended yet has a running attempt."""
+    slurm_state = state.value if state.final and state not in (JobState.COMPLETED, JobState.FAILED) else None
+    return summary(launch, slurm_state=slurm_state, running=not state.final)
 
 
 def excluded(rows: tp.Sequence[Attempt]) -> list[str]:

@@ -9,6 +9,7 @@ pure rules are in tests/test_failures.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import csv
 import json
 import re
 import typing as tp
@@ -155,3 +156,49 @@ def test_slurm_requeue_leaves_the_blamed_node_out(slurm_cluster: tp.Any, tmp_pat
                                  f"(ExcNodeList={first['node']})")
     assert first["evidence"].startswith("rank ") and "DistBackendError: NCCL error at step 3" in first["evidence"]
     assert slurm_cluster.job_info(row["job_ids"][0]).get("ExcNodeList") == first["node"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_blamed_by_one_sweep_member_is_left_out_of_the_pending_ones(slurm_cluster: tp.Any,
+                                                                           tmp_path: Path) -> None:
+    """A 3-member sweep run one task at a time (``slurm.array_parallelism=1``: ``--array=0-2%1``): member 0's
+    all-reduce fails (comm) at step 2 on its node while members 1 and 2 are pending. The requeue hook leaves that
+    node out of member 0's requeue and of the two pending tasks (Slurm shows it in their ExcNodeList); they run
+    on the other node and every member COMPLETES; status (--json "excluded", and its note) says so."""
+    sweep = tmp_path / "S"
+    conf = _config(tmp_path, {"mode": "comm", "step": 2, "attempts": "first"}, launcher="slurm", ft=None)
+    proc = _train(conf, tmp_path / "R", "-m", "fault.rank=1,7,8", "slurm.array_parallelism=1",
+                  f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = json.loads(_cli("status", str(sweep), "--json").stdout)
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+    first = rows[0]["attempts"][0]
+    bad = first["node"]
+    assert first["class"] == "comm" and bad in ("node1", "node2"), rows[0]
+    array = rows[0]["job_ids"][0].split("_")[0]
+    for row in rows:
+        assert row["excluded"] == [bad], row
+    for row in rows[1:]:
+        assert [a["node"] for a in row["attempts"]] == [{"node1": "node2", "node2": "node1"}[bad]], row
+        assert f"{bad} excluded after {array}_0's comm failure" in row["note"], row
+        assert slurm_cluster.job_info(row["job_ids"][0]).get("ExcNodeList") == bad
+    decision = json.loads((sweep / "0" / "launch" / "ranks" / "decision.attempt0.json").read_text())
+    assert decision["pending_excluded"] == {f"{array}_1": [bad], f"{array}_2": [bad]}, decision
+    assert f"node {bad} excluded for the array's pending task(s) {array}_1, {array}_2" in \
+        (sweep / "slurm").joinpath(f"{array}_0_0_log.out").read_text()
+    # the report: job 0's two attempts (the others ran once, clean), with the numbers status --json gave
+    made = _cli("report", str(sweep))  # (exit 1: the recipe logs no step to draw; the tables are all there)
+    assert made.returncode == 1 and "no logged step in any job yet" in made.stderr, made.stdout + made.stderr
+    print("\n" + made.stdout)
+    assert "attempts of the jobs with more than one attempt or a failed one (1 of 3)" in made.stdout
+    with (sweep / "report" / "attempts.csv").open() as f:
+        tried = list(csv.DictReader(f))
+    assert [(r["job"], r["class"], r["node"]) for r in tried] == [
+        ("0", "comm", bad), ("0", "completed", rows[0]["attempts"][1]["node"]),
+        ("1", "completed", rows[1]["attempts"][0]["node"]), ("2", "completed", rows[2]["attempts"][0]["node"])]
+    assert [float(r["seconds_lost"]) for r in tried] == [a["seconds_lost"] for row in rows for a in row["attempts"]]
+    with (sweep / "report" / "failure_costs.csv").open() as f:
+        (costs,) = list(csv.DictReader(f))
+    assert costs["by_class"] == "completed 3, comm 1" and costs["failed_attempts"] == "1", costs
+    assert 0 < float(costs["goodput"]) < 1, costs

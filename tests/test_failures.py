@@ -5,6 +5,8 @@ tests/test_failure_runs.py."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import os
 import typing as tp
@@ -192,6 +194,23 @@ def test_an_earlier_run_slurm_says_ended_node_fail_is_a_node_failure(tmp_path: P
     assert ledger.failed_before(job.launch_dir, (2, 0)) == ["node_failure"]
 
 
+def test_a_two_node_run_slurm_ended_node_fail_blames_the_node_that_went_down(tmp_path: Path) -> None:
+    """Run 0 on node[1-2] died NODE_FAIL; the requeued run's rank 0 recorded which node Slurm's events say went
+    down (node2): the ledger blames node2, not rank 0's node1; without that word it is a node_failure still."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    path = ledger.record_start(job.launch_dir, 0, 1, environ={"SLURMD_NODENAME": "node1"})
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "slurm_runs": [["NODE_FAIL", "node[1-2]", "node2"],
+                                                         ["RUNNING", "node[1-2]", ""]]}))
+    _at(path, 1100)
+    first = ledger.attempts(job.launch_dir)[0]
+    assert (first.kind, first.node) == ("node_failure", "node2"), first
+    unknown = [["NODE_FAIL", "node[1-2]", ""], ["RUNNING", "node[1-2]", ""]]
+    path.write_text(json.dumps({**record, "slurm_runs": unknown}))
+    assert ledger.attempts(job.launch_dir)[0].kind == "node_failure"
+
+
 # ----------------------------------------------------------------------------------------------- the requeue hook
 
 
@@ -224,3 +243,111 @@ def test_the_blamed_node_is_excluded_while_the_partition_keeps_enough_nodes() ->
     assert retry.exclusions([earlier, again], partition_nodes=4, job_nodes=1) == ["n1", "n3"]
     crash = ledger.Attempt(requeue=1, restart=0, kind="crash", evidence="x", node="n3")
     assert retry.exclusions([earlier, crash], partition_nodes=4, job_nodes=1) == ["n1"]  # a bug blames no node
+
+
+def test_a_blamed_node_is_left_out_of_the_pending_tasks_that_can_spare_it() -> None:
+    """Each pending array task keeps its own exclusions and gains the blamed node, one scontrol update per new
+    list; a task that has it already, or that would keep too few of the partition's nodes, is left alone."""
+    pending = {"1": [], "2": ["n3"], "3": [], "4": ["n2"], "5": ["n1", "n3"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=4, job_nodes=1) == {
+        ("n2",): ["1", "3"], ("n2", "n3"): ["2"], ("n1", "n2", "n3"): ["5"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=3, job_nodes=1) == {("n2",): ["1", "3"],
+                                                                                    ("n2", "n3"): ["2"]}
+    assert retry.pending_lists(pending, ["n2"], partition_nodes=None, job_nodes=1) == {}
+    assert retry.array_dirs([]) == {}
+    assert retry.array_dirs(["--array", "0", "3", "--", "/s/0", "/s/3"]) == {"0": "/s/0", "3": "/s/3"}
+    assert retry.array_dirs(["--array", "0", "--", "/s/0", "/s/3"]) is None
+
+
+def test_a_node_another_member_excluded_is_this_jobs_too(tmp_path: Path) -> None:
+    """A pending sweep member's record of a node another member left out of it: in status --json "excluded",
+    in status's note, and kept when this member's own requeue sets its ExcNodeList; a record of an earlier
+    launch of the dir is not this one's."""
+    job = _job(tmp_path)
+    ledger.record_inherited(job.launch_dir, ["n1"], by="53_0", failure=Failure("comm", "x"), node="n1")
+    assert ledger.summary(job.launch_dir)["excluded"] == ["n1"]
+    assert ledger.inherited_note(job.launch_dir) == "n1 excluded after 53_0's comm failure"
+    hang = ledger.Attempt(requeue=0, restart=0, kind="hang", evidence="x", node="n2")
+    assert retry.exclusions([hang], 4, 1, ledger.inherited_nodes(job.launch_dir)) == ["n1", "n2"]
+    write_run_id(job, "next")
+    assert ledger.summary(job.launch_dir)["excluded"] == [] and ledger.inherited_note(job.launch_dir) == ""
+
+
+# ----------------------------------------------------------------------------------------------- the report
+
+
+def test_the_report_shows_what_failures_cost_each_job_and_the_sweep(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A 3-job Slurm sweep: job 0 failed a comm all-reduce at step 4 on n1 (60 s) and its requeue resumed from 2
+    and completed at step 8 (60 s); job 1 ran once, clean (50 s); job 2 raised before its first step (20 s). The
+    printed table lists jobs 0 and 2 only and says so; attempts.csv has all four attempts with the numbers of
+    ``status --json`` (the ledger); failure_costs.csv has the sweep's summary. A single clean run is one line."""
+    from automodel_hydra import report
+
+    def job(num: int) -> JobSpec:
+        spec = JobSpec(tmp_path / "S" / str(num), "train", job_num=num)
+        write_run_id(spec, "this")
+        (spec.job_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s}) + "\n"
+                                                            for s in range(1, 5)))
+        return spec
+
+    first, clean, bad = job(0), job(1), job(2)
+    _start(first, 1000)
+    _end(first, 1, outcome.RAISED, 4, 1060, failure=Failure("comm", "DistBackendError: NCCL error"))
+    _end(first, 0, outcome.RAISED, 4, 1060, failure=Failure("comm", "DistBackendError: peer gone"))
+    _start(first, 1070, requeue=1)
+    for rank in (0, 1):
+        _end(first, rank, outcome.RETURNED, 8, 1130, requeue=1, resumed=2)
+    ledger.record_decision(first.launch_dir, 0, 0, Failure("comm", "x"),
+                           failures.Decision(True, "retried: comm 1 of failure_budget.comm=3"), by="slurm")
+    _start(clean, 1000)
+    for rank in (0, 1):
+        _end(clean, rank, outcome.RETURNED, 4, 1050)
+    _start(bad, 1000)
+    _end(bad, 0, outcome.RAISED, 0, 1020, failure=Failure("user_error", "ValueError: no"))
+    records = [{"job_dir": str(j.job_dir), "backend": "slurm", "job_num": j.job_num} for j in (first, clean, bad)]
+    states = [JobState.COMPLETED, JobState.COMPLETED, JobState.FAILED]
+    out = tmp_path / "S" / "report"
+    assert report.report(tmp_path / "S", records, [0, 1, 2], {0: "a", 1: "b", 2: "c"}, [], states, out) == 0
+    printed = capsys.readouterr().out
+    assert "attempts of the jobs with more than one attempt or a failed one (2 of 3)" in printed
+    assert "the other 1 job(s) ran once without a failure" in printed
+    table = printed.split("attempts of the jobs")[1].split("what failures cost")[0]
+    assert [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")] == ["0", "0", "2"]
+    with (out / "attempts.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["attempt"], r["class"], r["steps_lost"], r["seconds_lost"]) for r in rows] == [
+        ("0", "attempt0", "comm", "2", "30.0"), ("0", "requeue1.attempt0", "completed", "0", "0.0"),
+        ("1", "attempt0", "completed", "0", "0.0"), ("2", "attempt0", "user_error", "0", "20.0")]
+    said = ledger.of_state(first.launch_dir, JobState.COMPLETED)["attempts"][0]  # what status --json gives
+    assert rows[0]["node"] == said["node"] and float(rows[0]["seconds_lost"]) == said["seconds_lost"]
+    assert rows[0]["decision"] == "retried: comm 1 of failure_budget.comm=3"
+    assert rows[0]["start"] == "1970-01-01T00:16:40+00:00" and rows[0]["end"] == "1970-01-01T00:17:40+00:00"
+    with (out / "failure_costs.csv").open() as f:
+        (costs,) = list(csv.DictReader(f))
+    # kept: job 0 (60 - 30) + 60 of 130 s, job 1 50 of 50 s, job 2 0 of 20 s
+    assert costs == {"jobs": "3", "attempts": "4", "by_class": "completed 2, comm 1, user_error 1",
+                     "failed_attempts": "2", "steps_lost": "2", "seconds_lost": "50.0",
+                     "goodput": str(round((30 + 60 + 50) / (130 + 50 + 20), 3))}
+    assert "what failures cost the sweep" in printed
+
+    alone = tmp_path / "R"
+    out = alone / "report"
+    assert report.report(alone, records[1:2], [1], {1: "-"}, [], states[1:2], out) == 0
+    assert "attempts: each of the 1 job(s) ran once without a failure" in capsys.readouterr().out
+    assert (out / "attempts.csv").is_file() and not (out / "failure_costs.csv").exists()
+
+
+def test_a_node_slurm_requeued_the_job_off_is_left_out_at_the_next_requeue() -> None:
+    """Slurm requeued the job itself after n2 failed (no decision of ours); the next attempt crashes and the hook
+    requeues it: n2 goes into ExcNodeList with it (Slurm avoids n2 only while it is down), while the partition
+    keeps enough nodes; a node_failure the hook decided on itself is already in its own excluded list."""
+    died = ledger.Attempt(requeue=0, restart=0, kind="node_failure", evidence="Slurm state NODE_FAIL", node="n2")
+    crash = ledger.Attempt(requeue=1, restart=0, kind="crash", evidence="x", node="n1")
+    assert retry.slurm_failed([died, crash]) == ["n2"]
+    assert retry.exclusions([died, crash], partition_nodes=4, job_nodes=1) == ["n2"]
+    assert retry.exclusions([died, crash], partition_nodes=2, job_nodes=2) == []
+    both = ledger.Attempt(requeue=0, restart=0, kind="node_failure", evidence="x", node="n2,n3")
+    assert retry.exclusions([both, crash], partition_nodes=4, job_nodes=1) == ["n2", "n3"]
+    decided = dataclasses.replace(died, decision="retried: node_failure 1 of failure_budget.node_failure=3")
+    assert retry.slurm_failed([decided, crash]) == []

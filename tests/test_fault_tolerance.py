@@ -349,16 +349,16 @@ def test_failed_rank_restarts_in_place_and_resumes_from_newest_checkpoint(tmp_pa
 
 
 def test_report_marks_restarts_on_the_loss_curve(tmp_path: Path) -> None:
-    from automodel_hydra import cli
+    from automodel_hydra import report
 
     rows = [{"step": s, "loss": 2.0 - s / 10, "time": 100.0 + s} for s in range(1, 5)]
     rows += [{"step": s, "loss": 2.0 - s / 10, "time": 200.0 + s} for s in range(5, 9)]
     ftm.record_attempt(tmp_path / "launch", 1, 150.0, "rank 1 hung at step 4")
-    steps = cli.restart_steps(rows, tmp_path)
+    steps = report.restart_steps(rows, tmp_path)
     assert steps == [5]
-    c = cli.curve(rows)
+    c = report.curve(rows)
     c.restarts = steps
-    png = cli.plot_losses({"0: x": c}, tmp_path / "loss.png", "t")
+    png = report.plot_losses({"0: x": c}, tmp_path / "loss.png", "t")
     assert png.stat().st_size > 1000
 
 

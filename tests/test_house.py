@@ -607,8 +607,6 @@ BIG_MODULES = {
     "automodel_hydra/bootstrap.py": "the one torch.distributed bootstrap",
     # the local backend: torchrun scripts, the packing scheduler, local states/cancel
     "automodel_hydra/backends/interactive.py": "the interactive backend and its scheduler",
-    # runs/status/logs/cancel/report: five commands, one module
-    "automodel_hydra/cli.py": "the automodel-hydra commands after launch",
     # one idea (a Slurm job's batch script, planned purely from its config), split into named parts
     "automodel_hydra/backends/slurm_plan.py": "planning a Slurm job's batch script",
 }

@@ -107,7 +107,7 @@ def test_a_later_launch_marks_where_it_went_on_and_the_report_draws_it(tmp_path,
     resume at that step."""
     import json
 
-    from automodel_hydra.cli import job_curve
+    from automodel_hydra.report import job_curve
 
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)

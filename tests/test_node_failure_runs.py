@@ -114,3 +114,43 @@ def test_a_node_failure_is_requeued_off_the_node_and_the_ledger_says_node_failur
     runs = slurm_cluster.run("sacct", "-D", "-X", "-n", "-P", "-j", row["job_ids"][0], "-o", "State").stdout.split()
     assert runs[:1] == ["NODE_FAIL"] and runs[-1] == "COMPLETED", runs
     print(f"\nnode failure to the requeued job's first step: {row['first_step_at'] - row['killed_at']:.1f} s")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_failure_of_a_two_node_run_names_the_node_that_went_down(slurm_cluster: tp.Any,
+                                                                        tmp_path: Path) -> None:
+    """A two-node job (node1 and node2) whose node2 dies mid-run (its slurmd and the job's processes killed, node2
+    set DOWN): Slurm ends the run NODE_FAIL and requeues it; it runs again once node2 is back and completes. The
+    ledger names node2 for the dead run (Slurm's down event for it, sacctmgr's "show event"), not the node of the
+    run's first rank, which a two-node run's node list alone cannot tell apart."""
+    started = tmp_path / "recipe-started"
+    conf = _config(tmp_path, {"mode": "none", "steps": 80, "write": str(started)}, launcher="slurm", ft=None)
+    text = (conf / "job.yaml").read_text().replace("  wait: true\n", "  wait: false\n  max_requeues: 3\n")
+    (conf / "job.yaml").write_text(text.replace("  nodes: 1\n", "  nodes: 2\n").replace("ntasks_per_node: 2",
+                                                                                        "ntasks_per_node: 1"))
+    run = tmp_path / "R"
+    proc = _train(conf, run)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    job = _status(run)["job_ids"][0]
+    deadline = time.monotonic() + 120
+    while not started.exists() or time.time() - started.stat().st_mtime < 1.5:  # a few steps done
+        assert time.monotonic() < deadline, proc.stdout[-3000:]
+        time.sleep(0.2)
+    assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "node[1-2]"
+    try:
+        kill_node(slurm_cluster, "node2", job)
+        deadline = time.monotonic() + 120
+        while "NODE_FAIL" not in slurm_cluster.run("sacct", "-D", "-X", "-n", "-j", job, "-o", "State").stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        restore_node(slurm_cluster, "node2")
+    deadline = time.monotonic() + 180
+    while slurm_cluster.sacct_state(job) != "COMPLETED" or not (run / "result.json").exists():
+        assert time.monotonic() < deadline, slurm_cluster.run("sacct", "-D", "-j", job, check=False).stdout
+        time.sleep(0.5)
+    row = _status(run)
+    assert row["state"] == "COMPLETED" and _classes(row) == ["node_failure", "completed"], row
+    first = row["attempts"][0]
+    assert (first["node"], first["evidence"]) == ("node2", "Slurm state NODE_FAIL"), first

@@ -698,3 +698,25 @@ def test_spot_resume_keys_plan_on_slurm(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")  # D/latest with D a file: one line naming the field
     (problem,) = host_problems(load([f"restore_from.path={tmp_path}/file/latest"]))
     assert problem.key == "restore_from.path" and "is not a directory" in str(problem)
+
+
+def test_an_arrays_requeue_hook_is_given_each_task_and_its_job_dir(fake_slurm: Path) -> None:
+    """The array script's hook line hands :mod:`automodel_hydra.retry` the array's task ids and job dirs (so that
+    a node one member blames is left out of the pending ones and recorded in their dirs); for a resumed sweep's
+    tasks 2 and 5, bash gives exactly {2: dir 2, 5: dir 5}. A single job's hook gets no such list."""
+    from automodel_hydra import retry
+
+    plans = [p for p in sweep_plans(fake_slurm / "a b", 6) if p.job.job_num in (2, 5)]
+    _, (batch,) = sweep_batches(plans, fake_slurm / "a b" / "sweep")
+    text = batch.files[fake_slurm / "a b" / "sweep" / "launch" / "sbatch_2.sh"]
+    lines = text.splitlines()
+    start = lines.index("job_dirs=(")
+    block = lines[start:lines.index(")", start) + 1]
+    (hook,) = [line for line in lines if " -m automodel_hydra.retry " in line]
+    args = hook.split(" -m automodel_hydra.retry ", 1)[1]
+    probe = "\n".join([*block, "AUTOMODEL_JOB_DIR=x status=1", f"printf '%s\\0' {args}"])
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout
+    argv = out.split("\0")[:-1]
+    assert argv[:2] == ["x", "1"]
+    assert retry.array_dirs(argv[2:]) == {"2": str(plans[0].job.job_dir), "5": str(plans[1].job.job_dir)}
+    assert "--array" not in plans[0].files["sbatch.sh"]

@@ -177,7 +177,7 @@ def test_resume_runs_only_the_failed_member_again_from_its_checkpoint(failed_swe
     assert states(sweep) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED", 3: "COMPLETED"}
     result = json.loads(after["2"][0])
     assert result["started_from"] == 2 and result["step"] == 4, "job 2 resumed from its own checkpoint"
-    from automodel_hydra.cli import job_curve  # the report draws where job 2's second launch went on
+    from automodel_hydra.report import job_curve  # the report draws where job 2's second launch went on
 
     assert [job_curve(sweep / str(n))[0].resumes for n in range(4)] == [[], [], [3], []]
     assert f"sweep {sweep}: 4 COMPLETED" in proc.stderr.splitlines()[-1]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from automodel_hydra import cli, config, driver
+from automodel_hydra import config, driver, report
 from automodel_hydra.backends import interactive
 from automodel_hydra.metrics import METRICS_FILE, StepLog, read_records
 from automodel_hydra.plan import TRACKER_ID_FILE, JobSpec, tracker_env
@@ -127,10 +127,10 @@ def test_dist_log_writes_rank_0s_records_once_per_step(tmp_path: Path, monkeypat
     rows = read_records(tmp_path / METRICS_FILE)
     assert [(r["step"], r.get("restart", 0)) for r in rows] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)]
     assert rows[0]["acc"] == 0.5 and isinstance(rows[0]["time"], float)
-    assert cli.attempt_steps(rows, "restart") == [2] and cli.attempt_steps(rows, "requeue") == []
+    assert report.attempt_steps(rows, "restart") == [2] and report.attempt_steps(rows, "requeue") == []
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")  # the job dir launched again: a first attempt resumes at 5
     StepLog(tmp_path, rank=0).log(5, loss=0.05)
-    c, _ = cli.job_curve(tmp_path)
+    c, _ = report.job_curve(tmp_path)
     assert (c.restarts, c.requeues, c.resumes) == ([2], [], [5])
     for bad in ({"step": -1}, {"step": 1.5}, {"step": 1, "loss": [1, 2]}, {"step": 1, "time": 3}):
         with pytest.raises((TypeError, ValueError), match=r"^dist\.log\("):
@@ -153,13 +153,13 @@ def test_an_automodel_recipes_own_records_make_its_curve(tmp_path: Path) -> None
         + "\n" for i, s in enumerate(steps)))
     (ckpt / "validation.jsonl").write_text(json.dumps({"step": 3, "val_loss": 1.5}) + "\n")
     (ckpt / "validation_squad.jsonl").write_text(json.dumps({"step": 3, "val_loss": 1.7}) + "\n")
-    assert cli.automodel_log_dir(run) == ckpt
-    c, rows = cli.job_curve(run)
+    assert report.automodel_log_dir(run) == ckpt
+    c, rows = report.job_curve(run)
     assert c.steps == [0, 1, 2, 3, 4, 5] and c.losses[2] == pytest.approx(1.6)  # step 2's last record
     assert c.resumes == [2] and (c.val_steps, c.val_losses) == ([3], [1.5])
     assert c.more_val == {"squad": ([3], [1.7])} and len(rows) == 8
-    assert cli.last_logged(run) is not None and cli.last_logged(run)["step"] == 5  # type: ignore[index]
-    written = list(csv.reader(cli.write_curves({"job 0": c}, tmp_path / "curves.csv").open()))
+    assert report.last_logged(run) is not None and report.last_logged(run)["step"] == 5  # type: ignore[index]
+    written = list(csv.reader(report.write_curves({"job 0": c}, tmp_path / "curves.csv").open()))
     assert written[0] == ["job", "step", "loss", "val_loss", "val_loss_squad"]
     assert written[4][1:] == ["3", str(c.losses[3]), "1.5", "1.7"]
 
@@ -273,10 +273,10 @@ def test_a_job_restarted_in_place_and_launched_again_is_one_wandb_run_with_one_c
     assert _offline_runs(run) == [ident, ident], "one W&B run: every offline run dir is the job's id"
     rows = read_records(run / METRICS_FILE)
     assert [(r["step"], r.get("restart", 0)) for r in rows] == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]
-    report = _report(run)
-    assert report.returncode == 0, report.stdout + report.stderr
+    made = _report(run)
+    assert made.returncode == 0, made.stdout + made.stderr
     assert (run / "report" / "loss.png").stat().st_size > 10_000
-    curve, _ = cli.job_curve(run)
+    curve, _ = report.job_curve(run)
     assert curve.steps == list(range(6)) and curve.val_steps == [0, 2, 4] and curve.restarts == [3]
     again = _launch(tmp_path, f"hydra.run.dir={run}")  # a later launch of the same job dir
     assert again.returncode == 0, again.stdout[-4000:]
@@ -332,7 +332,7 @@ def test_a_requeued_slurm_job_is_one_wandb_run_with_the_requeue_marked(slurm_clu
     assert _offline_runs(run) == [ident, ident]
     rows = read_records(run / METRICS_FILE)
     assert [(r["step"], r.get("requeue", 0)) for r in rows] == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]
-    assert cli.job_curve(run)[0].requeues == [3]
-    report = _report(run)
-    assert report.returncode == 0 and (run / "report" / "loss.png").is_file(), report.stderr
+    assert report.job_curve(run)[0].requeues == [3]
+    made = _report(run)
+    assert made.returncode == 0 and (run / "report" / "loss.png").is_file(), made.stderr
     print(f"\nrequeued job: {time.monotonic() - started:.0f} s start to end")

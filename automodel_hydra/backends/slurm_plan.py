@@ -334,6 +334,15 @@ def requeue_hook_lines(python: str) -> tuple[str, ...]:
             'exit "$status"')
 
 
+#: What an array's requeue hook is given as well: the array's task ids and their job dirs, so that a node it
+#: blames is left out of the tasks still pending, each recorded in its own job dir (:mod:`automodel_hydra.retry`).
+ARRAY_HOOK_ARGS = ' --array "${!job_dirs[@]}" -- "${job_dirs[@]}"'
+
+
+def _array_hook(after: tp.Sequence[str]) -> tuple[str, ...]:
+    return tuple(line + ARRAY_HOOK_ARGS if " -m automodel_hydra.retry " in line else line for line in after)
+
+
 def _code_lines(cfg: TrainConfig, job: JobSpec, source: Source | None, cluster: Cluster,
                 inside: tp.Sequence[str]) -> list[str]:
     """The script's first lines: what the job is, the code its tasks import (the snapshot, this project's
@@ -588,7 +597,7 @@ def render(request: Request, job_dirs: tp.Sequence[Path], array: bool = False,
     srun += request.srun_args
     setup = [request.setup[0], *select, *request.setup[1:]]
     return render_sbatch(directives=directives, setup=setup, srun_args=srun, command=request.command,
-                         after=request.after)
+                         after=_array_hook(request.after) if array else request.after)
 
 
 def log_root(job_dirs: tp.Sequence[Path], array: bool) -> Path:
