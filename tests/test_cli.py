@@ -627,3 +627,20 @@ def test_the_last_line_of_a_sweep_not_waited_for_says_how_to_follow_it() -> None
         "sweep multirun/S: 1 COMPLETED, 2 submitted; automodel-hydra status multirun/S; automodel-hydra report "
         "multirun/S")
     assert last_line("multirun/S", []) is None  # a dry run: its own line ("dry run: wrote ...") is the last
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_moved_slurm_run_is_read_where_it_is_now(slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """A finished Slurm run's dir moved with ``mv``: ``status`` says COMPLETED (its result.json is found where the
+    dir is now), and ``logs --no-follow`` prints its log from there."""
+    run = tmp_path / "R"
+    train_py(*SLURM, "slurm.wait=true", "step_scheduler.max_steps=3", f"hydra.run.dir={run}")
+    moved = tmp_path / "moved" / "R2"
+    moved.parent.mkdir()
+    os.rename(run, moved)
+    assert states(moved) == {0: "COMPLETED"}
+    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", "logs", str(moved), "--no-follow"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and "no log yet" not in proc.stderr, proc.stderr
+    assert "step 3" in proc.stdout or '"step": 3' in proc.stdout or "step=3" in proc.stdout, proc.stdout[-2000:]

@@ -377,3 +377,54 @@ def test_max_failures_with_a_detached_slurm_sweep_is_one_line_naming_what_to_set
         "error: slurm.detach=true is invalid: it must be false here, since "
         "hydra.launcher.sweep_policy.max_failures=1 is set: the command that waits for the sweep stops it")
     assert "submitted" not in proc.stdout + proc.stderr and not (sweep / "launch" / "manifest.json").exists()
+
+
+def as_previous_version_wrote(root: Path, was: Path) -> None:
+    """Rewrite the records under ``root`` as the previous version wrote them in ``was``: every path absolute, under
+    the dir's old place (``was``), no list of relative fields."""
+    from automodel_hydra import records
+
+    def old(record: dict[str, tp.Any], holder: Path) -> dict[str, tp.Any]:
+        return records.placed(record, holder)
+
+    manifest = root / "launch" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["jobs"] = [old(r, was) for r in data["jobs"]]
+    manifest.write_text(json.dumps(data))
+    for path in root.glob("*/launch/submission.json"):
+        path.write_text(json.dumps(old(json.loads(path.read_text()), was / path.parent.parent.name)))
+
+
+@pytest.mark.slow
+def test_a_moved_sweep_is_read_where_it_is_now_and_resume_keeps_every_finished_member(tmp_path: Path) -> None:
+    """A finished sweep dir moved with ``mv`` (or copied elsewhere, mounted under another path): its members are
+    COMPLETED, and ``resume`` keeps them all (their result.json unchanged, by bytes and mtime), writes nothing into
+    them and adds no second row per job; the same for a dir the previous version wrote (absolute paths)."""
+    sweep, markers = tmp_path / "S", tmp_path / "markers"
+    markers.mkdir()
+    proc = run(str(ROOT / "train.py"), *sweep_args(sweep, markers, points="1,2,3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    moved = tmp_path / "elsewhere" / "S2"
+    moved.parent.mkdir()
+    os.rename(sweep, moved)
+    before = stamps(moved)
+    assert sorted(before) == ["0", "1", "2"]
+    assert states(moved) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+    proc = run("-m", "automodel_hydra.cli", "resume", str(moved), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "resume: 3 of 3 members COMPLETED and kept; nothing to run again"
+    assert stamps(moved) == before, "a kept member's result.json changed"
+    assert states(moved) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}, "a job shows twice"
+    logs = run("-m", "automodel_hydra.cli", "logs", str(moved), "1", "--no-follow", timeout=60)
+    assert logs.returncode == 0 and "no log yet" not in logs.stderr, logs.stderr
+
+    # written by the previous version (absolute paths) in S, read in S2, then moved again: the same
+    as_previous_version_wrote(moved, sweep)
+    again = tmp_path / "S3"
+    os.rename(moved, again)
+    assert states(again) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+    proc = run(str(ROOT / "train.py"), *sweep_args(again, markers, points="1,2,3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "resume: 3 of 3 members COMPLETED and kept; nothing to run again"
+    assert stamps(again) == before
+    assert states(again) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
