@@ -392,6 +392,21 @@ def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
                                      f"{job.job_dir}), or choose another hydra.run.dir")
 
 
+def refuse_dry_run_over(jobs: tp.Sequence[JobSpec], sweep_dir: Path | None = None) -> None:
+    """Refuse a dry run (``dry_run=true``) whose dir holds a submitted run or sweep (its ``launch/submission.json``
+    or ``launch/manifest.json``), before anything of ours is written: a dry run writes its own launch files
+    (``job.yaml``, ``sbatch.sh``, ...), and over a run's they would describe another config than its result. Raises
+    PreflightError naming the dir, the record and the way out (another ``hydra.run.dir`` / ``hydra.sweep.dir``)."""
+    key = "hydra.sweep.dir" if sweep_dir is not None else "hydra.run.dir"
+    held = [(d, p) for d in ([sweep_dir] if sweep_dir is not None else []) + [j.job_dir for j in jobs]
+            for p in (manifest_path(d), record_path(d)) if p.is_file()]
+    if held:
+        where, record = held[0]
+        raise PreflightError(f"dry_run=true into {where}, which holds a submitted run ({record}): a dry run "
+                             "writes launch files and would replace that run's, so nothing was written; give the "
+                             f"dry run a dir of its own ({key}=...), or drop dry_run=true to launch there")
+
+
 # ----------------------------------------------------------------------------------------------- a user's cancel
 
 

@@ -644,3 +644,23 @@ def test_a_moved_slurm_run_is_read_where_it_is_now(slurm_cluster: tp.Any, tmp_pa
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and "no log yet" not in proc.stderr, proc.stderr
     assert "step 3" in proc.stdout or '"step": 3' in proc.stdout or "step=3" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_dry_run_into_a_dir_that_holds_a_run_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """``dry_run=true`` with the ``hydra.run.dir`` of a finished run: one line naming the dir, its record and the way
+    out; that run's launch files are unchanged (they still describe the config of its result)."""
+    run, markers = tmp_path / "R", tmp_path / "markers"
+    args = ["recipe=tests.sweep_recipe:main", "+sweep_test.point=1", "+sweep_test.fail_after=9",
+            f"+sweep_test.fail_dir={markers}", "+sweep_test.out=${hydra:runtime.output_dir}",
+            "interactive.nproc_per_node=1", f"hydra.run.dir={run}"]
+    train_py(*args, "+sweep_test.steps=2")
+    files = {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()}
+    proc = train_py(*args, "+sweep_test.steps=5", "dry_run=true", check=False)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"error: dry_run=true into {run}, which holds a submitted run ({run / 'launch' / 'submission.json'}): a dry "
+        "run writes launch files and would replace that run's, so nothing was written; give the dry run a dir of "
+        "its own (hydra.run.dir=...), or drop dry_run=true to launch there")
+    assert {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()} == files
+    assert states(run) == {0: "COMPLETED"}
