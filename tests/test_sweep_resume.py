@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import typing as tp
 from pathlib import Path
 
@@ -69,11 +70,11 @@ def test_the_first_difference_of_a_definition_is_named() -> None:
     assert resume.difference(_definition({**then.points, 2: ["seed=3"]}), then, True) == \
         "it was swept over 2 point(s), this command adds job 2 (seed=3)"
     changed = _definition({0: ["seed=1", "x=1"], 1: ["seed=2", "x=1"]}, optim={"lr": 0.3})
-    assert resume.difference(changed, then, True) == "its config had optim.lr=0.1, this command's has optim.lr=0.3"
+    assert resume.difference(changed, then, True) == "its config had optim.lr=0.1, this command gives optim.lr=0.3"
     assert resume.difference(_definition({0: ["seed=1"], 1: ["seed=2", "x=1"]}), then, True) == \
         "this command drops x=1 (job 0: seed=1)"
     assert resume.difference(_definition(dict(then.points), data={"path": "a"}), then, True) == \
-        'its config had data.path=(not set), this command\'s has data.path="a"'
+        'its config had data.path=(not set), this command gives data.path="a"'
 
 
 def test_the_same_overrides_in_another_order_are_the_same_sweep_unless_a_key_repeats() -> None:
@@ -428,3 +429,31 @@ def test_a_moved_sweep_is_read_where_it_is_now_and_resume_keeps_every_finished_m
     assert proc.stdout.splitlines()[0] == "resume: 3 of 3 members COMPLETED and kept; nothing to run again"
     assert stamps(again) == before
     assert states(again) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+
+
+@pytest.mark.slow
+def test_resume_after_the_sweeps_config_file_was_edited_is_one_line_for_the_resume(tmp_path: Path) -> None:
+    """``automodel-hydra resume S`` after the sweep's own config file was edited: one line that speaks of the resume
+    (the file that changed, what differs, how to go on), not of the ``-m`` command's other sweep dir; nothing
+    submitted."""
+    conf, markers, sweep = tmp_path / "conf", tmp_path / "markers", tmp_path / "S"
+    conf.mkdir()
+    markers.mkdir()
+    (conf / "sc.yaml").write_text(
+        "recipe: tests.sweep_recipe:main\ninteractive:\n  nproc_per_node: 1\nsweep_test:\n  point: 1\n  steps: 2\n"
+        f"  fail_after: 9\n  fail_dir: {markers}\n  out: ${{hydra:runtime.output_dir}}\n  scale: 1\n")
+    proc = run(str(ROOT / "train.py"), "--config-dir", str(conf), "--config-name", "sc", "-m",
+               "sweep_test.point=1,2", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    before = stamps(sweep)
+    time.sleep(1.1)  # (the sweep's submission is recorded to the second)
+    (conf / "sc.yaml").write_text((conf / "sc.yaml").read_text().replace("scale: 1", "scale: 2"))
+    proc = run("-m", "automodel_hydra.cli", "resume", str(sweep), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: cannot resume {sweep}: {conf / 'sc.yaml'} changed since the sweep was submitted, so its recorded "
+        f"command now makes another sweep than the one in {sweep / 'launch' / 'manifest.json'}: its config had "
+        "sweep_test.scale=1, the recorded command now gives sweep_test.scale=2; nothing was submitted: put the "
+        "config back as it was to resume this sweep, or run the changed sweep in a dir of its own (its -m command "
+        "with another hydra.sweep.dir)")
+    assert stamps(sweep) == before and "preparing" not in proc.stdout + proc.stderr, "a job was set up"
