@@ -392,17 +392,33 @@ def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
                                      f"{job.job_dir}), or choose another hydra.run.dir")
 
 
+def dry_run_dir(overrides: tp.Sequence[str], sweep: bool) -> Path | None:
+    """The dir a dry run on this command line writes, when the line says both (``dry_run=true`` and a literal
+    ``hydra.run.dir=D``, ``hydra.sweep.dir=D`` with ``-m``; the last of each wins), else None: what
+    :func:`refuse_dry_run_over` can ask before Hydra writes its ``.hydra/`` there. Pure."""
+    values: dict[str, str] = {}
+    for override in overrides:
+        key, eq, value = override.lstrip("+").partition("=")
+        if eq:
+            values[key] = value.strip("'\"")
+    where = values.get("hydra.sweep.dir" if sweep else "hydra.run.dir")
+    if values.get("dry_run", "").lower() not in ("true", "yes", "on") or not where or "$" in where:
+        return None
+    return Path(os.path.expanduser(where))
+
+
 def refuse_dry_run_over(jobs: tp.Sequence[JobSpec], sweep_dir: Path | None = None) -> None:
     """Refuse a dry run (``dry_run=true``) whose dir holds a submitted run or sweep (its ``launch/submission.json``
     or ``launch/manifest.json``), before anything of ours is written: a dry run writes its own launch files
     (``job.yaml``, ``sbatch.sh``, ...), and over a run's they would describe another config than its result. Raises
     PreflightError naming the dir, the record and the way out (another ``hydra.run.dir`` / ``hydra.sweep.dir``)."""
     key = "hydra.sweep.dir" if sweep_dir is not None else "hydra.run.dir"
-    held = [(d, p) for d in ([sweep_dir] if sweep_dir is not None else []) + [j.job_dir for j in jobs]
+    held = [(d, p) for d in ([sweep_dir] if sweep_dir is not None else []) + [Path(j.job_dir) for j in jobs]
             for p in (manifest_path(d), record_path(d)) if p.is_file()]
     if held:
         where, record = held[0]
-        raise PreflightError(f"dry_run=true into {where}, which holds a submitted run ({record}): a dry run "
+        what = "sweep" if record.name == MANIFEST_FILE else "run"
+        raise PreflightError(f"dry_run=true into {where}, which holds a submitted {what} ({record}): a dry run "
                              "writes launch files and would replace that run's, so nothing was written; give the "
                              f"dry run a dir of its own ({key}=...), or drop dry_run=true to launch there")
 

@@ -655,12 +655,19 @@ def test_a_dry_run_into_a_dir_that_holds_a_run_is_refused_and_writes_nothing(tmp
             f"+sweep_test.fail_dir={markers}", "+sweep_test.out=${hydra:runtime.output_dir}",
             "interactive.nproc_per_node=1", f"hydra.run.dir={run}"]
     train_py(*args, "+sweep_test.steps=2")
-    files = {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()}
+    files = {p: p.read_bytes() for d in (run / "launch", run / ".hydra") for p in d.iterdir() if p.is_file()}
     proc = train_py(*args, "+sweep_test.steps=5", "dry_run=true", check=False)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == (
         f"error: dry_run=true into {run}, which holds a submitted run ({run / 'launch' / 'submission.json'}): a dry "
         "run writes launch files and would replace that run's, so nothing was written; give the dry run a dir of "
         "its own (hydra.run.dir=...), or drop dry_run=true to launch there")
-    assert {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()} == files
+    assert {p: p.read_bytes() for d in (run / "launch", run / ".hydra") for p in d.iterdir() if p.is_file()} == files
     assert states(run) == {0: "COMPLETED"}
+    # a dir the command line does not spell out (an interpolation): refused by the launch, before any launch file
+    proc = train_py(*args[:-1], "hydra.run.dir=${oc.env:RUN_DIR}", "+sweep_test.steps=5", "dry_run=true",
+                    env={"RUN_DIR": str(run)}, check=False)
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
+        f"error: dry_run=true into {run}, which holds a submitted run"), proc.stdout[-3000:]
+    assert {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()} == {
+        p: b for p, b in files.items() if p.parent.name == "launch"}

@@ -116,8 +116,34 @@ def test_pending_members_are_cancelled_once_enough_have_failed() -> None:
     assert sweep_policy.to_cancel(s, 2) == [2, 4]
     assert sweep_policy.to_cancel([JobState.PREEMPTED, JobState.CANCELLED, JobState.PENDING], 1) == []
     assert sweep_policy.stop_line(2, 2, [4, 5], "S") == (
-        "sweep stopped after 2 failures (hydra.launcher.sweep_policy.max_failures=2): 2 member(s) not started yet are "
-        "cancelled (#4, #5); running ones finish; automodel-hydra resume S runs the failed and cancelled ones again")
+        "sweep stopped after 2 members failed for good (hydra.launcher.sweep_policy.max_failures=2): 2 member(s) not "
+        "started yet are cancelled (#4, #5); running ones finish; automodel-hydra resume S runs the failed and "
+        "cancelled ones again")
+
+
+def test_a_requeued_member_is_not_a_failure_yet_and_the_stop_line_names_it_apart(tmp_path: Path) -> None:
+    """A member requeued under its failure budget is PENDING, not failed: it does not count towards max_failures;
+    cancelled by a stop, it is named apart from the members that never started (it started in this launch: rank
+    0's start record of the launch's id). A start record of an earlier launch of the dir is not this one's."""
+    from automodel_hydra import ledger
+    from automodel_hydra.plan import JobSpec, write_run_id
+
+    assert sweep_policy.to_cancel([JobState.FAILED, JobState.PENDING, JobState.PENDING], 2) == []
+    requeued, fresh, resumed = (JobSpec(job_dir=tmp_path / n, job_name="train") for n in ("1", "2", "3"))
+    for job in (requeued, fresh, resumed):
+        write_run_id(job, "earlier")
+    ledger.record_start(resumed.launch_dir, environ={})
+    for job in (requeued, fresh, resumed):
+        write_run_id(job, "now")
+    ledger.record_start(requeued.launch_dir, environ={})
+    assert [sweep_policy.started(j.launch_dir) for j in (requeued, fresh, resumed)] == [True, False, False]
+    assert sweep_policy.stop_line(1, 1, [2, 3], "S", requeued=[1]) == (
+        "sweep stopped after 1 member failed for good (hydra.launcher.sweep_policy.max_failures=1): 2 member(s) not "
+        "started yet are cancelled (#2, #3), and 1 requeued after a failed attempt (#1); running ones finish; "
+        "automodel-hydra resume S runs the failed and cancelled ones again")
+    with pytest.raises(ConfigError) as e:
+        sweep_policy.check(0)
+    assert "a member requeued under its failure budget counts once its last attempt fails" in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------- real sweeps
@@ -232,7 +258,8 @@ def test_max_failures_cancels_the_members_not_started_and_resume_runs_them(tmp_p
         (markers / f"fail-{point}").touch()
     proc = run(str(ROOT / "train.py"), *sweep_args(sweep, markers, "interactive.max_parallel=2", f"{policy}=1"))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = (rf"^sweep stopped after [12] failures? \({re.escape(policy)}=1\): 2 member\(s\) not started yet are "
+    line = (rf"^sweep stopped after [12] members? failed for good \({re.escape(policy)}=1\): 2 member\(s\) not "
+            "started yet are "
             rf"cancelled \(#2, #3\); running ones finish; automodel-hydra resume {re.escape(str(sweep))} runs the "
             "failed and cancelled ones again$")
     assert re.search(line, proc.stderr, re.M), proc.stderr[-3000:]
