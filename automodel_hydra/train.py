@@ -111,8 +111,10 @@ def _refuse_dry_run_over_a_run(line: argv.CommandLine) -> None:
     where = records.dry_run_dir(line.overrides, sweep)
     if where is None:
         return
+    jobs = [] if sweep else [JobSpec(job_dir=where, job_name="")]
     try:
-        records.refuse_dry_run_over([] if sweep else [JobSpec(job_dir=where, job_name="")], where if sweep else None)
+        records.refuse_if_busy(jobs)  # (a dir whose job has not ended: that line first, as the launch says it)
+        records.refuse_dry_run_over(jobs, where if sweep else None)
     except UserError as e:
         fail(str(e))
 
