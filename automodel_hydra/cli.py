@@ -387,6 +387,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise CliError(f"{root}: the sweep was launched from {definition.cwd}, which is gone; run its command "
                        f"again from where its config is: {' '.join(resume.command(definition, root))}")
     os.chdir(definition.cwd)
+    os.environ[resume.RESUMING_ENV] = str(root)  # its lines then speak of this command (resume.resume_line)
     os.execv(sys.executable, [sys.executable, *resume.command(definition, root)])
 
 

@@ -204,6 +204,8 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
             key, waits = impl.wait_setting or (name, True)
             raise ConfigError(key, not waits, f"it must be {str(waits).lower()} here, since {needed}")
     records.refuse_if_busy([p.job for p in jobs])
+    if all(p.dry_run for p in jobs):  # never over a submitted run's launch files
+        records.refuse_dry_run_over([p.job for p in jobs], sweep_dir)
     kept: dict[int, JobResult] = {}
     for i, p in enumerate(jobs):
         impl = impls[p.cfg.backend]

@@ -14,6 +14,14 @@
   ``launch/cancelled`` mark reads as its cancel (:data:`OLD_CANCEL_MARK`).
 
 Every record is written atomically (a temporary file, then ``os.replace``), so a reader never sees half of one.
+
+A run or sweep dir may be moved, renamed, copied to another machine or mounted under another path: its records are
+read relative to the dir they are read from. A path on this machine inside the dir that holds a record (the job
+dir for ``submission.json``, the sweep dir for the manifest: :data:`LOCAL_PATHS`) is stored relative to it and read
+back under the dir as named now (:func:`stored`, :func:`placed`); a dir written before records stored relative
+paths is read with its recorded root mapped onto the dir named (:func:`_old_root`). Paths outside that dir, and
+the paths of jobs that ran on another machine (a ``slurm.tunnel`` job's dir and log on its login node), stay as
+recorded.
 """
 
 from __future__ import annotations
@@ -74,57 +82,184 @@ def manifest_path(sweep_dir: Path | str) -> Path:
     return launch_dir(sweep_dir) / MANIFEST_FILE
 
 
+#: The fields of a submission record that name a file or dir on this machine (the dotted key of a value that is a
+#: path, a list or a mapping of paths): :meth:`automodel_hydra.plan.Submission.record`'s own, a sweep member's
+#: ``paths`` and ``checkpoint_dir`` (:func:`write_manifest`), a local job's ``ref.job_dir`` and a ``slurm.tunnel``
+#: job's ``ref.remote.local_log`` (the copy here of its log). Not ``ref.remote.job_dir`` / ``ref.remote.log``: those
+#: are paths on its login node, which a move here does not change.
+LOCAL_PATHS = ("job_dir", "log_path", "files", "paths", "checkpoint_dir", "ref.job_dir", "ref.remote.local_log")
+#: The record's key listing the fields of :data:`LOCAL_PATHS` stored relative to the dir that holds the record.
+RELATIVE_KEY = "relative"
+
+
+def _field(record: Record, dotted: str) -> tuple[dict[str, tp.Any], str] | None:
+    """``(mapping, key)`` that holds the field ``a.b.c`` of ``record``, None when it has none."""
+    *parents, last = dotted.split(".")
+    node: tp.Any = record
+    for key in parents:
+        node = node.get(key) if isinstance(node, dict) else None
+    return (node, last) if isinstance(node, dict) and node.get(last) is not None else None
+
+
+def _each(value: tp.Any, f: tp.Callable[[str], str]) -> tp.Any:
+    """``f`` applied to a path, to each path of a list, to each value of a mapping; other values as they are."""
+    if isinstance(value, str):
+        return f(value)
+    if isinstance(value, list):
+        return [_each(v, f) for v in value]
+    if isinstance(value, dict):
+        return {k: _each(v, f) for k, v in value.items()}
+    return value
+
+
+def _below(path: str, root: Path | str) -> str | None:
+    """``path`` relative to ``root`` (POSIX, ``.`` for root itself) when it lies inside it, as written or with
+    symbolic links resolved; None otherwise (a relative ``path`` is none of root's)."""
+    if not os.path.isabs(path):
+        return None
+    for there, here in ((os.path.abspath(root), os.path.abspath(path)),
+                        (os.path.realpath(root), os.path.realpath(path))):
+        if here == there or here.startswith(there.rstrip("/") + "/"):
+            return os.path.relpath(here, there)
+    return None
+
+
+def stored(record: Record, root: Path | str) -> Record:
+    """``record`` as saved in a file under ``root`` (a job dir, a sweep dir): each path of :data:`LOCAL_PATHS`
+    inside ``root`` relative to it, the fields that hold one listed under :data:`RELATIVE_KEY`. Pure but for
+    resolving symbolic links."""
+    out = json.loads(json.dumps(record))
+    relative = []
+    for dotted in LOCAL_PATHS:
+        found = _field(out, dotted)
+        if found is None:
+            continue
+        node, key = found
+        now = _each(node[key], lambda path: _below(path, root) or path)
+        if now != node[key]:
+            node[key] = now
+            relative.append(dotted)
+    out.pop(RELATIVE_KEY, None)
+    return {**out, **({RELATIVE_KEY: relative} if relative else {})}
+
+
+def placed(record: Record, root: Path | str, old_root: str | None = None) -> Record:
+    """A record read from a file under ``root`` with its :data:`LOCAL_PATHS` as paths here: a relative one under
+    ``root`` as named (not resolved: a dir reached through a link stays so), an absolute one inside ``old_root`` (the
+    root a record of the previous version was written under) moved to the same place under ``root``; any other as
+    recorded."""
+    out = json.loads(json.dumps(record))
+    here = os.path.abspath(root)
+    relative = set(out.pop(RELATIVE_KEY, None) or ())
+
+    def move(path: str) -> str:
+        if not os.path.isabs(path):
+            return os.path.normpath(os.path.join(here, path))
+        below = _below(path, old_root) if old_root is not None else None
+        return path if below is None else os.path.normpath(os.path.join(here, below))
+
+    for dotted in LOCAL_PATHS:
+        found = _field(out, dotted)
+        if found is not None and (dotted in relative or old_root is not None):
+            node, key = found
+            node[key] = _each(node[key], move)
+    return out
+
+
+def _old_root(root: Path | str, jobs: tp.Sequence[Record]) -> str | None:
+    """Where a sweep dir that now is ``root`` was when the previous version wrote its manifest (absolute job dirs,
+    no :data:`RELATIVE_KEY`), or None when it was not moved or that cannot be told. A member's own record still lies
+    in its dir: the nearest ancestor ``A`` of a recorded job dir ``J`` such that ``root/(J relative to A)`` holds a
+    submission record of job dir ``J`` is the old root (a few ``stat`` calls, whatever the sweep's size)."""
+    for rec in jobs:
+        job_dir = rec.get("job_dir")
+        if RELATIVE_KEY in rec or not isinstance(job_dir, str) or not os.path.isabs(job_dir):
+            continue
+        if _below(job_dir, root) is not None:
+            return None
+        for above in Path(job_dir).parents:
+            there = record_path(Path(root) / Path(job_dir).relative_to(above))
+            if there.is_file() and (_read_json(there) or {}).get("job_dir") == job_dir:
+                return str(above)
+        return None
+    return None
+
+
 def write_record(sub: Submission[tp.Any]) -> Path:
-    """Save ``sub.record()`` as the job's ``launch/submission.json``."""
-    return _write_json(record_path(sub.plan.job.job_dir), sub.record())
+    """Save ``sub.record()`` as the job's ``launch/submission.json`` (its paths relative to the job dir:
+    :func:`stored`)."""
+    job_dir = sub.plan.job.job_dir
+    return _write_json(record_path(job_dir), stored(sub.record(), job_dir))
 
 
 def read_record(run_dir: Path | str) -> Record | None:
-    """The job's submission record; None when it has none (nothing submitted there) or it cannot be read."""
+    """The job's submission record, its paths as they are now (:func:`placed`: the job dir is ``run_dir`` as
+    named, wherever it was when the record was written); None when it has none (nothing submitted there) or it
+    cannot be read."""
     value = _read_json(record_path(run_dir))
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    job_dir = value.get("job_dir")
+    old = job_dir if RELATIVE_KEY not in value and isinstance(job_dir, str) and os.path.isabs(job_dir) else None
+    return placed(value, run_dir, old)
 
 
 def read_manifest(sweep_dir: Path | str) -> Record | None:
-    """``launch/manifest.json`` of ``sweep_dir``, or None when there is none (or it cannot be read)."""
+    """``launch/manifest.json`` of ``sweep_dir``, its jobs' paths as they are now (:func:`placed`), or None when
+    there is none (or it cannot be read)."""
     value = _read_json(manifest_path(sweep_dir))
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return None
+    jobs = value.get("jobs")
+    if isinstance(jobs, list):
+        jobs = [r for r in jobs if isinstance(r, dict)]
+        old = _old_root(sweep_dir, jobs)
+        value["jobs"] = [placed(r, sweep_dir, old) for r in jobs]
+    return value
+
+
+def _same_dir(path: tp.Any) -> str:
+    return os.path.realpath(str(path))
 
 
 def write_manifest(sweep_dir: Path, subs: tp.Sequence[Submission[tp.Any]],
                    extra: tp.Mapping[str, tp.Mapping[str, tp.Any]] | None = None,
                    sweep: tp.Callable[[Record], Record] | None = None) -> Path:
     """``launch/manifest.json`` in the sweep dir: one record per job (plus ``extra[job_dir]``), merged with the
-    records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``), for
-    ``automodel-hydra status|logs|cancel|report|resume``. The sweep's own fields there are kept, updated with
-    ``sweep(manifest there)`` (its definition: :func:`automodel_hydra.resume.manifest_fields`)."""
+    records already there (a sweeper may launch a sweep in several batches: Hydra's ``max_batch_size``; a resume
+    runs some members again), for ``automodel-hydra status|logs|cancel|report|resume``; paths relative to the sweep
+    dir (:func:`stored`). The sweep's own fields there are kept, updated with ``sweep(manifest there)`` (its
+    definition: :func:`automodel_hydra.resume.manifest_fields`)."""
     data = read_manifest(sweep_dir) or {}
     try:
-        jobs: dict[str, Record] = {r["job_dir"]: r for r in data.get("jobs", [])}
+        jobs: dict[str, Record] = {_same_dir(r["job_dir"]): r for r in data.get("jobs", [])}
     except (KeyError, TypeError):
         data, jobs = {}, {}
-    jobs.update({str(s.plan.job.job_dir): {**s.record(), **(extra or {}).get(str(s.plan.job.job_dir), {})}
+    jobs.update({_same_dir(s.plan.job.job_dir): {**s.record(), **(extra or {}).get(str(s.plan.job.job_dir), {})}
                  for s in subs})
-    out: Record = {"jobs": list(jobs.values()), **{k: v for k, v in data.items() if k != "jobs"}}
+    out: Record = {"jobs": [stored(r, sweep_dir) for r in jobs.values()],
+                   **{k: v for k, v in data.items() if k != "jobs"}}
     out.update(sweep(data) if sweep is not None else {})
     return _write_json(manifest_path(sweep_dir), out)
 
 
 def manifest_jobs(sweep_dir: Path | str) -> list[Record]:
-    """The job records of the sweep's manifest; [] without one."""
+    """The job records of the sweep's manifest (:func:`read_manifest`); [] without one."""
     jobs = (read_manifest(sweep_dir) or {}).get("jobs")
-    return [r for r in jobs if isinstance(r, dict)] if isinstance(jobs, list) else []
+    return list(jobs) if isinstance(jobs, list) else []
 
 
 def load(root: Path | str) -> list[Record]:
-    """The submission records of a run or sweep dir: its manifest's, its own record, or (a sweep without a
-    manifest) its members' ``*/launch/submission.json``; [] when it has none. Unordered."""
+    """The submission records of a run or sweep dir, their paths as they are now (:func:`placed`): its manifest's,
+    its own record, or (a sweep without a manifest) its members' ``*/launch/submission.json``; [] when it has none.
+    Unordered."""
     root = Path(root)
     if manifest_path(root).is_file():
-        return list(json.loads(manifest_path(root).read_text())["jobs"])
+        return manifest_jobs(root)
     if record_path(root).is_file():
-        return [json.loads(record_path(root).read_text())]
-    return [json.loads(p.read_text()) for p in root.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}")]
+        return [r for r in [read_record(root)] if r is not None]
+    found = (read_record(p.parent.parent) for p in root.glob(f"*/{LAUNCH_DIR}/{RECORD_FILE}"))
+    return [r for r in found if r is not None]
 
 
 def is_sweep_dir(d: Path | str) -> bool:
@@ -255,6 +390,37 @@ def refuse_if_busy(jobs: tp.Sequence[JobSpec]) -> None:
                 raise PreflightError(f"{job.job_dir} holds {name} job {','.join(record.get('job_ids') or [])}, "
                                      f"still {info.state.value}; wait for it, cancel it (automodel-hydra cancel "
                                      f"{job.job_dir}), or choose another hydra.run.dir")
+
+
+def dry_run_dir(overrides: tp.Sequence[str], sweep: bool) -> Path | None:
+    """The dir a dry run on this command line writes, when the line says both (``dry_run=true`` and a literal
+    ``hydra.run.dir=D``, ``hydra.sweep.dir=D`` with ``-m``; the last of each wins), else None: what
+    :func:`refuse_dry_run_over` can ask before Hydra writes its ``.hydra/`` there. Pure."""
+    values: dict[str, str] = {}
+    for override in overrides:
+        key, eq, value = override.lstrip("+").partition("=")
+        if eq:
+            values[key] = value.strip("'\"")
+    where = values.get("hydra.sweep.dir" if sweep else "hydra.run.dir")
+    if values.get("dry_run", "").lower() not in ("true", "yes", "on") or not where or "$" in where:
+        return None
+    return Path(os.path.expanduser(where))
+
+
+def refuse_dry_run_over(jobs: tp.Sequence[JobSpec], sweep_dir: Path | None = None) -> None:
+    """Refuse a dry run (``dry_run=true``) whose dir holds a submitted run or sweep (its ``launch/submission.json``
+    or ``launch/manifest.json``), before anything of ours is written: a dry run writes its own launch files
+    (``job.yaml``, ``sbatch.sh``, ...), and over a run's they would describe another config than its result. Raises
+    PreflightError naming the dir, the record and the way out (another ``hydra.run.dir`` / ``hydra.sweep.dir``)."""
+    key = "hydra.sweep.dir" if sweep_dir is not None else "hydra.run.dir"
+    held = [(d, p) for d in ([sweep_dir] if sweep_dir is not None else []) + [Path(j.job_dir) for j in jobs]
+            for p in (manifest_path(d), record_path(d)) if p.is_file()]
+    if held:
+        where, record = held[0]
+        what = "sweep" if record.name == MANIFEST_FILE else "run"
+        raise PreflightError(f"dry_run=true into {where}, which holds a submitted {what} ({record}): a dry run "
+                             "writes launch files and would replace that run's, so nothing was written; give the "
+                             f"dry run a dir of its own ({key}=...), or drop dry_run=true to launch there")
 
 
 # ----------------------------------------------------------------------------------------------- a user's cancel

@@ -123,16 +123,17 @@ def _shown(overrides: tp.Sequence[str]) -> str:
     return " ".join(overrides) or "(no overrides)"
 
 
-def difference(now: Definition, then: Definition, whole: bool) -> str | None:
+def difference(now: Definition, then: Definition, whole: bool, by: str = "this command") -> str | None:
     """The first way ``now`` is not the recorded sweep ``then``, as the tail of one line, else None.
 
     ``whole``: ``now`` holds every point of the sweep (no ``hydra.sweeper.max_batch_size``), so a point only one
-    of them has is a difference too; otherwise only the job numbers both have are compared."""
+    of them has is a difference too; otherwise only the job numbers both have are compared. ``by``: what made
+    ``now``, as the line names it (``this command``; a resume: ``the recorded command now``)."""
     for num in sorted(now.points):
         if num not in then.points:
             if not whole:  # a later batch of a sweeper that launches in batches
                 continue
-            return (f"it was swept over {len(then.points)} point(s), this command adds job {num} "
+            return (f"it was swept over {len(then.points)} point(s), {by} adds job {num} "
                     f"({_shown(now.points[num])})")
         old, new = tuple(then.points[num]), tuple(now.points[num])
         if not same_point(old, new):
@@ -140,17 +141,17 @@ def difference(now: Definition, then: Definition, whole: bool) -> str | None:
             if not had and not has:  # the same overrides in another order
                 had, has = list(old), list(new)
             if not had or not has:
-                return f"this command {'adds' if has else 'drops'} {_shown(has or had)} (job {num}: {_shown(new)})"
-            return f"job {num} had {_shown(had)}, this command gives it {_shown(has)}"
+                return f"{by} {'adds' if has else 'drops'} {_shown(has or had)} (job {num}: {_shown(new)})"
+            return f"job {num} had {_shown(had)}, {by} gives it {_shown(has)}"
     if whole:
         gone = sorted(set(then.points) - set(now.points))
         if gone:
-            return (f"it was swept over {len(then.points)} point(s), this command over {len(now.points)} "
+            return (f"it was swept over {len(then.points)} point(s), {by} over {len(now.points)} "
                     f"(job {gone[0]}: {_shown(then.points[gone[0]])} is not in it)")
     for key in sorted(set(now.config) | set(then.config)):
         old_v, new_v = then.config.get(key, _MISSING), now.config.get(key, _MISSING)
         if old_v != new_v:
-            return f"its config had {key}={_value(old_v)}, this command's has {key}={_value(new_v)}"
+            return f"its config had {key}={_value(old_v)}, {by} gives {key}={_value(new_v)}"
     return None
 
 
@@ -162,10 +163,35 @@ def _value(v: tp.Any) -> str:
 
 
 def difference_line(sweep_dir: Path | str, tail: str) -> str:
-    """The one line for a changed definition (:func:`difference`), with the way out."""
+    """The one line for a changed definition (:func:`difference`), with the way out: for the ``-m`` command run
+    again with ``hydra.sweep.dir`` of another sweep."""
     return (f"{sweep_dir} holds another sweep ({manifest_path(sweep_dir)}): {tail}; a sweep dir is "
             f"resumed only with the sweep it recorded (automodel-hydra resume {sweep_dir}): choose another "
             "hydra.sweep.dir for this one")
+
+
+#: What ``automodel-hydra resume S`` runs the recorded command with (the sweep dir), so that the launcher's line
+#: for a changed definition fits the command the user ran (:func:`resume_line`); taken out of the environment
+#: before any job is set up (:func:`resumed_by_cli`), so no job inherits it.
+RESUMING_ENV = "AUTOMODEL_HYDRA_RESUMING"
+#: How :func:`difference` names what composed the definition on a resume.
+RESUMED_BY = "the recorded command now"
+
+
+def resumed_by_cli(environ: tp.MutableMapping[str, str]) -> bool:
+    """Whether ``automodel-hydra resume`` started this command (:data:`RESUMING_ENV`); removes the mark."""
+    return environ.pop(RESUMING_ENV, None) is not None
+
+
+def resume_line(sweep_dir: Path | str, tail: str, changed: tp.Sequence[str] = ()) -> str:
+    """The one line refusing ``automodel-hydra resume sweep_dir`` whose recorded command now composes another
+    sweep (:func:`difference` ``by=`` :data:`RESUMED_BY`): the command line is the recorded one, so what changed is
+    a config it reads (``changed``: the config files modified since the sweep was submitted, as far as known)."""
+    what = (f"{_named(list(changed))} changed since the sweep was submitted" if changed else
+            "a config file it reads changed since the sweep was submitted")
+    return (f"cannot resume {sweep_dir}: {what}, so its recorded command now makes another sweep than the one in "
+            f"{manifest_path(sweep_dir)}: {tail}; nothing was submitted: put the config back as it was to resume "
+            "this sweep, or run the changed sweep in a dir of its own (its -m command with another hydra.sweep.dir)")
 
 
 #: A member that was never submitted (a later batch of a stopped sweeper) or never started.

@@ -11,6 +11,13 @@ command, while it waits, asks for the members' states and cancels those still PE
 policy needs a launch that waits (not ``slurm.detach=true``). A failure is a final state other than COMPLETED,
 CANCELLED (someone's stop) and PREEMPTED (the scheduler's choice, requeued where allowed): FAILED, TIMEOUT,
 OUT_OF_MEMORY, NODE_FAIL, BOOT_FAIL, DEADLINE, and UNKNOWN once final.
+
+A member counts once it has failed for good, not at each failed attempt: a Slurm member whose attempt failed and
+that the job requeued under its failure budget (``slurm.failure_budget``, docs/failures.md) is PENDING again, not
+failed, because the budget judged that failure worth another attempt (a bad node, a lost peer), and it may yet
+complete; it counts when its last attempt fails. Such a member waits behind the array's pending tasks, so under a
+budget the stop comes later than the first failed attempts. When the sweep stops, a requeued member still pending
+is cancelled with the members not started yet, and the line names it apart (:func:`stop_line`).
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ def check(value: tp.Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(KEY, value, "a whole number of failed members, 1 or more, after which the members not "
-                          "started yet are cancelled; or null: never stop (the default)")
+        raise ConfigError(KEY, value, "a whole number of members failed for good (a member requeued under its "
+                          "failure budget counts once its last attempt fails), 1 or more, after which the members "
+                          "not started yet are cancelled; or null: never stop (the default)")
     return value
 
 
@@ -59,16 +67,32 @@ def to_cancel(states: tp.Sequence[JobState], max_failures: int) -> list[int]:
     return [i for i, s in enumerate(states) if s is JobState.PENDING]
 
 
-def stop_line(failures: int, max_failures: int, cancelled: tp.Sequence[int | None], where: Path | str | None
-              ) -> str:
-    """``sweep stopped after 2 failures (hydra.launcher.sweep_policy.max_failures=2): 3 member(s) not started yet
-    are cancelled (#4, #5, #6); running ones finish; automodel-hydra resume S runs the failed and cancelled ones
-    again``."""
-    nums = ", ".join(f"#{n or 0}" for n in cancelled[:12]) + (", ..." if len(cancelled) > 12 else "")
+def _nums(members: tp.Sequence[int | None]) -> str:
+    return ", ".join(f"#{n or 0}" for n in members[:12]) + (", ..." if len(members) > 12 else "")
+
+
+def stop_line(failures: int, max_failures: int, cancelled: tp.Sequence[int | None], where: Path | str | None,
+              requeued: tp.Sequence[int | None] = ()) -> str:
+    """``sweep stopped after 2 members failed for good (hydra.launcher.sweep_policy.max_failures=2): 3 member(s)
+    not started yet are cancelled (#4, #5, #6), and 1 requeued after a failed attempt (#1); running ones finish;
+    automodel-hydra resume S runs the failed and cancelled ones again``. ``cancelled``: the job numbers of the
+    members cancelled before they started; ``requeued``: of those cancelled while pending again after an attempt
+    (a requeue under the failure budget)."""
     again = f"automodel-hydra resume {where}" if where is not None else "a resume"
-    return (f"sweep stopped after {failures} failure{'s' if failures != 1 else ''} ({KEY}={max_failures}): "
-            f"{len(cancelled)} member(s) not started yet are cancelled ({nums or 'none'}); running ones finish; "
-            f"{again} runs the failed and cancelled ones again")
+    also = f", and {len(requeued)} requeued after a failed attempt ({_nums(requeued)})" if requeued else ""
+    return (f"sweep stopped after {failures} member{'s' if failures != 1 else ''} failed for good "
+            f"({KEY}={max_failures}): {len(cancelled)} member(s) not started yet are cancelled "
+            f"({_nums(cancelled) or 'none'}){also}; running ones finish; {again} runs the failed and cancelled ones "
+            "again")
+
+
+def started(launch: Path) -> bool:
+    """Whether the member whose launch dir is ``launch`` started an attempt in its current launch (rank 0's start
+    record of this launch: :func:`automodel_hydra.ledger.attempts`), as a requeued member has. A member whose
+    ranks write elsewhere (a ``slurm.tunnel`` or SkyPilot job) reads as not started."""
+    from automodel_hydra import ledger
+
+    return bool(ledger.attempts(launch))
 
 
 def say(line: str) -> None:
@@ -108,7 +132,9 @@ def watch(subs: tp.Sequence[Submission[tp.Any]], impls: tp.Mapping[str, Backend[
                             records.write_cancel(subs[i].plan.job.launch_dir, subs[i].ids, JobState.PENDING,
                                                  by=f"the sweep's {KEY}={max_failures} stop")
                     failed = sum(is_failure(s) for s in states)
-                    say(stop_line(failed, max_failures, [subs[i].plan.job.job_num for i in pending], sweep_dir))
+                    again = [i for i in pending if started(subs[i].plan.job.launch_dir)]
+                    say(stop_line(failed, max_failures, [subs[i].plan.job.job_num for i in pending if i not in again],
+                                  sweep_dir, [subs[i].plan.job.job_num for i in again]))
                 return
 
     thread = threading.Thread(target=poll, name="automodel-sweep-policy", daemon=True)

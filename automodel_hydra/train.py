@@ -91,11 +91,32 @@ def cli(app_file: str | None = None) -> None:
         fail(problem)
     sys.argv[1:] = argv.hydra_flags_first(argv.for_user_config(sys.argv[1:]))
     refuse_unselected_sections(app_file or __file__, CONFIG_PATH, CONFIG_NAME)  # `slurm.nodes=4` alone: one line
+    _refuse_dry_run_over_a_run(line)
     try:
         # an unknown key or a wrong type while Hydra composes: one line
         errors.run_hydra_main(main, argv.user_file(sys.argv[1:]))
     finally:
         gc.freeze()  # the command is over: skip the interpreter's final collection of Hydra's and OmegaConf's objects
+
+
+def _refuse_dry_run_over_a_run(line: argv.CommandLine) -> None:
+    """``dry_run=true`` with the literal dir of a submitted run or sweep on the command line: one line (status 2)
+    before Hydra writes its ``.hydra/`` there (:func:`automodel_hydra.records.refuse_dry_run_over`; a dir that
+    comes from a config file is refused by the launch, before any launch file is written)."""
+    from automodel_hydra import records
+    from automodel_hydra.plan import JobSpec
+    from automodel_hydra.schema import UserError
+
+    sweep = line.given("--multirun") is not None
+    where = records.dry_run_dir(line.overrides, sweep)
+    if where is None:
+        return
+    jobs = [] if sweep else [JobSpec(job_dir=where, job_name="")]
+    try:
+        records.refuse_if_busy(jobs)  # (a dir whose job has not ended: that line first, as the launch says it)
+        records.refuse_dry_run_over(jobs, where if sweep else None)
+    except UserError as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

@@ -66,9 +66,10 @@ def submit(work: Path, sweep: Path, points: int) -> None:
 
 def finish(sweep: Path, failed: set[int]) -> str:
     """Each member's end as its ranks and sacct would leave it; the sacct table's text."""
-    records = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
+    from automodel_hydra import records as run_records
+
     rows = []
-    for r in records:
+    for r in run_records.manifest_jobs(sweep):  # (paths stored relative to the sweep dir: read as paths here)
         num, job_dir = int(r["job_num"]), Path(r["job_dir"])
         if num not in failed:
             run_id = (job_dir / "launch" / "run_id").read_text().strip()

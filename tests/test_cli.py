@@ -662,3 +662,47 @@ def test_the_last_line_of_a_sweep_not_waited_for_says_how_to_follow_it() -> None
         "sweep multirun/S: 1 COMPLETED, 2 submitted; automodel-hydra status multirun/S; automodel-hydra report "
         "multirun/S")
     assert last_line("multirun/S", []) is None  # a dry run: its own line ("dry run: wrote ...") is the last
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_moved_slurm_run_is_read_where_it_is_now(slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """A finished Slurm run's dir moved with ``mv``: ``status`` says COMPLETED (its result.json is found where the
+    dir is now), and ``logs --no-follow`` prints its log from there."""
+    run = tmp_path / "R"
+    train_py(*SLURM, "slurm.wait=true", "step_scheduler.max_steps=3", f"hydra.run.dir={run}")
+    moved = tmp_path / "moved" / "R2"
+    moved.parent.mkdir()
+    os.rename(run, moved)
+    assert states(moved) == {0: "COMPLETED"}
+    proc = subprocess.run([sys.executable, "-m", "automodel_hydra.cli", "logs", str(moved), "--no-follow"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and "no log yet" not in proc.stderr, proc.stderr
+    assert "step 3" in proc.stdout or '"step": 3' in proc.stdout or "step=3" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_dry_run_into_a_dir_that_holds_a_run_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """``dry_run=true`` with the ``hydra.run.dir`` of a finished run: one line naming the dir, its record and the way
+    out; that run's launch files are unchanged (they still describe the config of its result)."""
+    run, markers = tmp_path / "R", tmp_path / "markers"
+    args = ["recipe=tests.sweep_recipe:main", "+sweep_test.point=1", "+sweep_test.fail_after=9",
+            f"+sweep_test.fail_dir={markers}", "+sweep_test.out=${hydra:runtime.output_dir}",
+            "interactive.nproc_per_node=1", f"hydra.run.dir={run}"]
+    train_py(*args, "+sweep_test.steps=2")
+    files = {p: p.read_bytes() for d in (run / "launch", run / ".hydra") for p in d.iterdir() if p.is_file()}
+    proc = train_py(*args, "+sweep_test.steps=5", "dry_run=true", check=False)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"error: dry_run=true into {run}, which holds a submitted run ({run / 'launch' / 'submission.json'}): a dry "
+        "run writes launch files and would replace that run's, so nothing was written; give the dry run a dir of "
+        "its own (hydra.run.dir=...), or drop dry_run=true to launch there")
+    assert {p: p.read_bytes() for d in (run / "launch", run / ".hydra") for p in d.iterdir() if p.is_file()} == files
+    assert states(run) == {0: "COMPLETED"}
+    # a dir the command line does not spell out (an interpolation): refused by the launch, before any launch file
+    proc = train_py(*args[:-1], "hydra.run.dir=${oc.env:RUN_DIR}", "+sweep_test.steps=5", "dry_run=true",
+                    env={"RUN_DIR": str(run)}, check=False)
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(
+        f"error: dry_run=true into {run}, which holds a submitted run"), proc.stdout[-3000:]
+    assert {p: p.read_bytes() for p in (run / "launch").iterdir() if p.is_file()} == {
+        p: b for p, b in files.items() if p.parent.name == "launch"}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from automodel_hydra import config, driver
+from automodel_hydra import records as run_records
 from automodel_hydra.plan import JobSpec
 from automodel_hydra.schema import ConfigError
 from tests.helpers import ROOT, metrics
@@ -123,7 +124,7 @@ def test_second_sweep_point_does_not_resume_from_the_firsts_checkpoint(tmp_path:
         assert (sweep / str(n) / "ckpt" / "step-2" / ".complete").exists()
         assert result(sweep / str(n))["loss"] is not None
     assert not (tmp_path / "ckpt").exists()
-    manifest = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
+    manifest = run_records.manifest_jobs(sweep)  # (stored relative to the sweep dir: read as paths here)
     assert [j["checkpoint_dir"] for j in manifest] == [str(sweep / "0" / "ckpt"), str(sweep / "1" / "ckpt")]
     refused = train("-m", "seed=1,2", f"checkpoint.dir={shared}", *ONE, *TINY, f"hydra.sweep.dir={tmp_path / 'T'}",
                     cwd=tmp_path)

@@ -84,3 +84,27 @@ def test_an_old_local_run_dirs_cancelled_mark_still_reads_as_its_cancel(tmp_path
     records.clear_cancel(run / "launch")
     assert local_state(run) is JobState.FAILED
     assert sorted(p.name for p in (run / "launch").iterdir()) == ["pid"]
+
+
+def test_a_records_paths_on_this_machine_move_with_its_dir_and_a_login_nodes_stay(tmp_path: Path) -> None:
+    """Paths inside the dir that holds a record are stored relative to it and read under the dir as named now; a
+    path outside it and a ``slurm.tunnel`` job's paths on its login node stay as recorded, and so does a log that
+    is a command (SkyPilot's ``sky jobs logs 7``)."""
+    sweep = tmp_path / "S"
+    record = {"job_dir": str(sweep / "0"), "log_path": str(sweep / "slurm" / "7_0_0_log.out"),
+              "files": [str(sweep / "0" / "launch" / "sbatch.sh")], "checkpoint_dir": "/data/ckpt",
+              "ref": {"job_id": "7_0", "remote": {"job_dir": str(sweep / "0"), "log": f"{sweep}/slurm/x.out",
+                                                  "local_log": str(sweep / "slurm" / "7_0_0_log.out")}}}
+    saved = records.stored(record, sweep)
+    assert saved["job_dir"] == "0" and saved["files"] == ["0/launch/sbatch.sh"]
+    assert saved["checkpoint_dir"] == "/data/ckpt" and saved["ref"]["remote"]["job_dir"] == str(sweep / "0")
+    moved = tmp_path / "elsewhere" / "S2"
+    read = records.placed(saved, moved)
+    assert read["job_dir"] == str(moved / "0") and read["log_path"] == str(moved / "slurm" / "7_0_0_log.out")
+    assert read["ref"]["remote"]["local_log"] == str(moved / "slurm" / "7_0_0_log.out")
+    assert read["ref"]["remote"] == {**record["ref"]["remote"], "local_log": read["ref"]["remote"]["local_log"]}
+    assert read["checkpoint_dir"] == "/data/ckpt" and "relative" not in read
+    sky = records.stored({"job_dir": str(sweep), "log_path": "sky jobs logs 7"}, sweep)
+    assert records.placed(sky, moved) == {"job_dir": str(moved), "log_path": "sky jobs logs 7"}
+    # written by the previous version (absolute paths): its recorded root is mapped onto the dir named
+    assert records.placed(record, moved, old_root=str(sweep))["files"] == [str(moved / "0" / "launch" / "sbatch.sh")]

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import typing as tp
 from pathlib import Path
 
@@ -69,11 +70,11 @@ def test_the_first_difference_of_a_definition_is_named() -> None:
     assert resume.difference(_definition({**then.points, 2: ["seed=3"]}), then, True) == \
         "it was swept over 2 point(s), this command adds job 2 (seed=3)"
     changed = _definition({0: ["seed=1", "x=1"], 1: ["seed=2", "x=1"]}, optim={"lr": 0.3})
-    assert resume.difference(changed, then, True) == "its config had optim.lr=0.1, this command's has optim.lr=0.3"
+    assert resume.difference(changed, then, True) == "its config had optim.lr=0.1, this command gives optim.lr=0.3"
     assert resume.difference(_definition({0: ["seed=1"], 1: ["seed=2", "x=1"]}), then, True) == \
         "this command drops x=1 (job 0: seed=1)"
     assert resume.difference(_definition(dict(then.points), data={"path": "a"}), then, True) == \
-        'its config had data.path=(not set), this command\'s has data.path="a"'
+        'its config had data.path=(not set), this command gives data.path="a"'
 
 
 def test_the_same_overrides_in_another_order_are_the_same_sweep_unless_a_key_repeats() -> None:
@@ -115,8 +116,34 @@ def test_pending_members_are_cancelled_once_enough_have_failed() -> None:
     assert sweep_policy.to_cancel(s, 2) == [2, 4]
     assert sweep_policy.to_cancel([JobState.PREEMPTED, JobState.CANCELLED, JobState.PENDING], 1) == []
     assert sweep_policy.stop_line(2, 2, [4, 5], "S") == (
-        "sweep stopped after 2 failures (hydra.launcher.sweep_policy.max_failures=2): 2 member(s) not started yet are "
-        "cancelled (#4, #5); running ones finish; automodel-hydra resume S runs the failed and cancelled ones again")
+        "sweep stopped after 2 members failed for good (hydra.launcher.sweep_policy.max_failures=2): 2 member(s) not "
+        "started yet are cancelled (#4, #5); running ones finish; automodel-hydra resume S runs the failed and "
+        "cancelled ones again")
+
+
+def test_a_requeued_member_is_not_a_failure_yet_and_the_stop_line_names_it_apart(tmp_path: Path) -> None:
+    """A member requeued under its failure budget is PENDING, not failed: it does not count towards max_failures;
+    cancelled by a stop, it is named apart from the members that never started (it started in this launch: rank
+    0's start record of the launch's id). A start record of an earlier launch of the dir is not this one's."""
+    from automodel_hydra import ledger
+    from automodel_hydra.plan import JobSpec, write_run_id
+
+    assert sweep_policy.to_cancel([JobState.FAILED, JobState.PENDING, JobState.PENDING], 2) == []
+    requeued, fresh, resumed = (JobSpec(job_dir=tmp_path / n, job_name="train") for n in ("1", "2", "3"))
+    for job in (requeued, fresh, resumed):
+        write_run_id(job, "earlier")
+    ledger.record_start(resumed.launch_dir, environ={})
+    for job in (requeued, fresh, resumed):
+        write_run_id(job, "now")
+    ledger.record_start(requeued.launch_dir, environ={})
+    assert [sweep_policy.started(j.launch_dir) for j in (requeued, fresh, resumed)] == [True, False, False]
+    assert sweep_policy.stop_line(1, 1, [2, 3], "S", requeued=[1]) == (
+        "sweep stopped after 1 member failed for good (hydra.launcher.sweep_policy.max_failures=1): 2 member(s) not "
+        "started yet are cancelled (#2, #3), and 1 requeued after a failed attempt (#1); running ones finish; "
+        "automodel-hydra resume S runs the failed and cancelled ones again")
+    with pytest.raises(ConfigError) as e:
+        sweep_policy.check(0)
+    assert "a member requeued under its failure budget counts once its last attempt fails" in str(e.value)
 
 
 # ----------------------------------------------------------------------------------------------- real sweeps
@@ -231,7 +258,8 @@ def test_max_failures_cancels_the_members_not_started_and_resume_runs_them(tmp_p
         (markers / f"fail-{point}").touch()
     proc = run(str(ROOT / "train.py"), *sweep_args(sweep, markers, "interactive.max_parallel=2", f"{policy}=1"))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = (rf"^sweep stopped after [12] failures? \({re.escape(policy)}=1\): 2 member\(s\) not started yet are "
+    line = (rf"^sweep stopped after [12] members? failed for good \({re.escape(policy)}=1\): 2 member\(s\) not "
+            "started yet are "
             rf"cancelled \(#2, #3\); running ones finish; automodel-hydra resume {re.escape(str(sweep))} runs the "
             "failed and cancelled ones again$")
     assert re.search(line, proc.stderr, re.M), proc.stderr[-3000:]
@@ -377,3 +405,82 @@ def test_max_failures_with_a_detached_slurm_sweep_is_one_line_naming_what_to_set
         "error: slurm.detach=true is invalid: it must be false here, since "
         "hydra.launcher.sweep_policy.max_failures=1 is set: the command that waits for the sweep stops it")
     assert "submitted" not in proc.stdout + proc.stderr and not (sweep / "launch" / "manifest.json").exists()
+
+
+def as_previous_version_wrote(root: Path, was: Path) -> None:
+    """Rewrite the records under ``root`` as the previous version wrote them in ``was``: every path absolute, under
+    the dir's old place (``was``), no list of relative fields."""
+    from automodel_hydra import records
+
+    def old(record: dict[str, tp.Any], holder: Path) -> dict[str, tp.Any]:
+        return records.placed(record, holder)
+
+    manifest = root / "launch" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["jobs"] = [old(r, was) for r in data["jobs"]]
+    manifest.write_text(json.dumps(data))
+    for path in root.glob("*/launch/submission.json"):
+        path.write_text(json.dumps(old(json.loads(path.read_text()), was / path.parent.parent.name)))
+
+
+@pytest.mark.slow
+def test_a_moved_sweep_is_read_where_it_is_now_and_resume_keeps_every_finished_member(tmp_path: Path) -> None:
+    """A finished sweep dir moved with ``mv`` (or copied elsewhere, mounted under another path): its members are
+    COMPLETED, and ``resume`` keeps them all (their result.json unchanged, by bytes and mtime), writes nothing into
+    them and adds no second row per job; the same for a dir the previous version wrote (absolute paths)."""
+    sweep, markers = tmp_path / "S", tmp_path / "markers"
+    markers.mkdir()
+    proc = run(str(ROOT / "train.py"), *sweep_args(sweep, markers, points="1,2,3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    moved = tmp_path / "elsewhere" / "S2"
+    moved.parent.mkdir()
+    os.rename(sweep, moved)
+    before = stamps(moved)
+    assert sorted(before) == ["0", "1", "2"]
+    assert states(moved) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+    proc = run("-m", "automodel_hydra.cli", "resume", str(moved), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "resume: 3 of 3 members COMPLETED and kept; nothing to run again"
+    assert stamps(moved) == before, "a kept member's result.json changed"
+    assert states(moved) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}, "a job shows twice"
+    logs = run("-m", "automodel_hydra.cli", "logs", str(moved), "1", "--no-follow", timeout=60)
+    assert logs.returncode == 0 and "no log yet" not in logs.stderr, logs.stderr
+
+    # written by the previous version (absolute paths) in S, read in S2, then moved again: the same
+    as_previous_version_wrote(moved, sweep)
+    again = tmp_path / "S3"
+    os.rename(moved, again)
+    assert states(again) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+    proc = run(str(ROOT / "train.py"), *sweep_args(again, markers, points="1,2,3"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[0] == "resume: 3 of 3 members COMPLETED and kept; nothing to run again"
+    assert stamps(again) == before
+    assert states(again) == {0: "COMPLETED", 1: "COMPLETED", 2: "COMPLETED"}
+
+
+@pytest.mark.slow
+def test_resume_after_the_sweeps_config_file_was_edited_is_one_line_for_the_resume(tmp_path: Path) -> None:
+    """``automodel-hydra resume S`` after the sweep's own config file was edited: one line that speaks of the resume
+    (the file that changed, what differs, how to go on), not of the ``-m`` command's other sweep dir; nothing
+    submitted."""
+    conf, markers, sweep = tmp_path / "conf", tmp_path / "markers", tmp_path / "S"
+    conf.mkdir()
+    markers.mkdir()
+    (conf / "sc.yaml").write_text(
+        "recipe: tests.sweep_recipe:main\ninteractive:\n  nproc_per_node: 1\nsweep_test:\n  point: 1\n  steps: 2\n"
+        f"  fail_after: 9\n  fail_dir: {markers}\n  out: ${{hydra:runtime.output_dir}}\n  scale: 1\n")
+    proc = run(str(ROOT / "train.py"), "--config-dir", str(conf), "--config-name", "sc", "-m",
+               "sweep_test.point=1,2", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    before = stamps(sweep)
+    time.sleep(1.1)  # (the sweep's submission is recorded to the second)
+    (conf / "sc.yaml").write_text((conf / "sc.yaml").read_text().replace("scale: 1", "scale: 2"))
+    proc = run("-m", "automodel_hydra.cli", "resume", str(sweep), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: cannot resume {sweep}: {conf / 'sc.yaml'} changed since the sweep was submitted, so its recorded "
+        f"command now makes another sweep than the one in {sweep / 'launch' / 'manifest.json'}: its config had "
+        "sweep_test.scale=1, the recorded command now gives sweep_test.scale=2; nothing was submitted: put the "
+        "config back as it was to resume this sweep, or run the changed sweep in a dir of its own (its -m command "
+        "with another hydra.sweep.dir)")
+    assert stamps(sweep) == before and "preparing" not in proc.stdout + proc.stderr, "a job was set up"

@@ -5,12 +5,12 @@ cluster's sweeps are tested in ``test_slurm_cluster_jobs.py`` and ``test_cli.py`
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 
+from automodel_hydra import records
 from automodel_hydra.backends.interactive import free_port
 from tests.helpers import CONF, ROOT, compose_cfg, metrics, train_py
 
@@ -47,7 +47,7 @@ def test_lr_seed_runs_locally_and_the_command_line_narrows_it(tmp_path: Path) ->
     port = free_port(random.randrange(20000, 40000, 100))  # away from other test runs sharing this machine
     train_py("-m", "sweep=lr_seed", "optim.lr=3e-3", "interactive.nproc_per_node=1", *TINY,
              f"interactive.master_port={port}", f"hydra.sweep.dir={sweep}")
-    jobs = json.loads((sweep / "launch" / "manifest.json").read_text())["jobs"]
+    jobs = records.manifest_jobs(sweep)  # (its paths stored relative to the sweep dir: read as paths here)
     points = [[o for o in j["overrides"] if o.startswith(("optim.lr=", "seed="))] for j in jobs]
     assert points == [["optim.lr=0.003", "seed=1"], ["optim.lr=0.003", "seed=2"]]
     for job in jobs:

@@ -185,6 +185,7 @@ def _sweep_job_dir(sweep_config: DictConfig) -> Path:
 def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[str]],
            initial_job_idx: int) -> tp.Sequence[JobReturn]:
     setup_globals()
+    by_cli = resume.resumed_by_cli(os.environ)  # (taken out before any job is set up: no job inherits it)
     assert launcher.config is not None and launcher.hydra_context is not None and launcher.task_function is not None
     prepare = getattr(launcher.task_function, driver.PREPARE_ATTR, None)
     if prepare is None:
@@ -199,7 +200,7 @@ def launch(launcher: AutomodelLauncher, job_overrides: tp.Sequence[tp.Sequence[s
     sweep_dir = Path(str(config.hydra.sweep.dir))
     max_failures = _max_failures(config)
     numbered = list(enumerate(job_overrides, start=initial_job_idx))
-    definition, kept = _resuming(config, sweep_dir, numbered)
+    definition, kept = _resuming(config, sweep_dir, numbered, by_cli)
     numbered = [(idx, o) for idx, o in numbered if idx not in kept]
     if not numbered:  # every member was kept: nothing is set up, written or submitted
         launcher.job_states.extend(JobState.COMPLETED for _ in kept)
@@ -274,12 +275,13 @@ def _max_failures(config: DictConfig) -> int | None:
         driver.fail(driver.one_line(e))
 
 
-def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[int, tp.Sequence[str]]]
-              ) -> tuple[resume.Definition | None, dict[int, JobReturn]]:
+def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[int, tp.Sequence[str]]],
+              by_cli: bool = False) -> tuple[resume.Definition | None, dict[int, JobReturn]]:
     """This launch's sweep definition (None for a sweeper that chooses its points from results: there is no
     fixed sweep to resume) and, when ``sweep_dir`` recorded this sweep before, the JobReturns of its COMPLETED
     members, which are kept (:mod:`automodel_hydra.resume`). Prints the resume's line first; exits with one line
-    (status 2) for another definition or a member still RUNNING or PENDING, before anything is set up."""
+    (status 2) for another definition or a member still RUNNING or PENDING, before anything is set up. ``by_cli``:
+    ``automodel-hydra resume`` ran this command (the line for another definition speaks of it)."""
     import sys
 
     if results_needed(config) is not None:
@@ -296,9 +298,11 @@ def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[i
     if then is None or manifest is None:
         return now, {}
     whole = OmegaConf.select(config, "hydra.sweeper.max_batch_size", default=None) is None
-    tail = resume.difference(now, then, whole)
+    tail = resume.difference(now, then, whole, by=resume.RESUMED_BY if by_cli else "this command")
     if tail is not None:
-        driver.fail(resume.difference_line(sweep_dir, tail))
+        changed = _changed_config_files(config, _first_submitted(manifest.get("jobs") or []))
+        driver.fail(resume.resume_line(sweep_dir, tail, changed) if by_cli else
+                    resume.difference_line(sweep_dir, tail))
     records = [r for r in manifest.get("jobs", []) if (r.get("job_num") or 0) in now.points]
     if not records and not set(now.points) & set(then.points):  # a batch this sweep had not reached: it just runs
         return now, {}
@@ -308,6 +312,34 @@ def _resuming(config: DictConfig, sweep_dir: Path, numbered: tp.Sequence[tuple[i
     print(resume.summary(decision), flush=True)
     by_num, overrides = {int(r.get("job_num") or 0): r for r in records}, dict(numbered)
     return now, {idx: _kept_return(by_num[idx], overrides[idx]) for idx in decision.kept}
+
+
+def _changed_config_files(config: DictConfig, since: float | None) -> list[str]:
+    """The YAML files of the sweep's config search path (its ``file://`` sources) modified after ``since`` (epoch
+    s; the sweep's first submission, recorded to the second, so a file needs a modification time a second past it)
+    : what a resume that composes another sweep from the same command line finds changed. [] without ``since``."""
+    if since is None:
+        return []
+    found = []
+    for source in OmegaConf.select(config, "hydra.runtime.config_sources", default=None) or ():
+        if source.get("schema") != "file":
+            continue
+        for path in sorted(Path(str(source.get("path"))).rglob("*.yaml")):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime > since + 1:
+                    found.append(str(path))
+    return found
+
+
+def _first_submitted(records: tp.Sequence[tp.Mapping[str, tp.Any]]) -> float | None:
+    """The earliest ``submitted_at`` of ``records`` (epoch s), None without one."""
+    import datetime
+
+    times = []
+    for record in records:
+        with contextlib.suppress(TypeError, ValueError):
+            times.append(datetime.datetime.fromisoformat(str(record["submitted_at"])).timestamp())
+    return min(times) if times else None
 
 
 def _kept_return(record: tp.Mapping[str, tp.Any], overrides: tp.Sequence[str]) -> JobReturn:

@@ -17,7 +17,8 @@ from automodel_hydra.config import register
 
 @dataclass
 class SweepPolicyConf:
-    # stop the sweep after this many failed members: those not started yet are cancelled, running ones finish,
+    # stop the sweep after this many members failed for good (a member requeued under its failure budget counts
+    # once its last attempt fails): those not started yet are cancelled, running ones finish,
     # `automodel-hydra resume DIR` runs them again later; null = never stop (automodel_hydra/sweep_policy.py)
     max_failures: tp.Optional[int] = None
 
