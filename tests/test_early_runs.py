@@ -1,10 +1,13 @@
-"""A rank that returns early is the attempt's cause on every launcher and in every command, for real: rank 1 of
-tests/early_recipe.py returns after step 3 while rank 0 is in step 4's all-reduce, and rank 0 fails with gloo's
-"Connection closed by peer" (only the echo of rank 1's end). ``python train.py`` as a user runs it, under a real
-torchrun (2 gloo ranks on CPU) and as a real Slurm job on the shared test cluster without fault tolerance: the
-attempt is ``user_error: rank 1 returned at step 3 while the others trained`` in the launching command's last
-line, ``status`` and ``status --json``; it runs once (a restart repeats it) and no node is blamed or excluded.
-The pure rule is in tests/test_failures.py; the same under ft_launcher in tests/test_truth_runs.py."""
+"""The rank that ended first is the attempt's cause on every launcher and in every command, for real; a peer's
+"Connection closed by peer" is only its echo.
+
+Rank 1 of tests/early_recipe.py returns after step 3 while rank 0 is in step 4's all-reduce, and rank 0 fails with
+gloo's "Connection closed by peer". ``python train.py`` as a user runs it, under a real torchrun (2 gloo ranks on
+CPU) and as a real Slurm job on the shared test cluster without fault tolerance: the attempt is ``user_error: rank
+1 returned at step 3 while the others trained`` in the launching command's last line, ``status`` and ``status
+--json``; it runs once (a restart repeats it) and no node is blamed or excluded. A rank killed outright (no record)
+is a crash of that rank, not a comm failure of the node whose rank saw it go. The pure rule is in
+tests/test_failures.py; the early return under ft_launcher in tests/test_truth_runs.py."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from tests.test_truth_runs import _cli, _env, _rank_ends
+from tests.test_truth_runs import _cli, _config, _env, _rank_ends
+from tests.test_truth_runs import _train as _train_conf
 
 RECIPE = "recipe=tests.early_recipe:main"
 LINE = "user_error: rank 1 returned at step 3 while the others trained"
@@ -82,3 +86,22 @@ def test_a_rank_that_returns_early_on_slurm_is_not_requeued_and_blames_no_node(s
     info = slurm_cluster.job_info(status[0]["job_ids"][0])
     assert info.get("Restarts") == "0" and info.get("ExcNodeList") in (None, "", "(null)"), info
     assert not list((run / "launch" / "ranks").glob("*.requeue1.*"))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_echo_of_a_killed_rank_on_slurm_blames_no_node(slurm_cluster: tp.Any, tmp_path: Path) -> None:
+    """Rank 1 of a one-node job is killed at step 3 (SIGKILL, the STAND-IN of tests/fault_recipe.py for the OOM
+    killer) in the first attempt; rank 0 sees its peer go. The attempt is rank 1's crash (requeued once by
+    failure_budget.crash=1), not a comm failure of the node rank 0 ran on: no ExcNodeList, the requeued run
+    completes."""
+    run = tmp_path / "R"
+    conf = _config(tmp_path, {"mode": "kill", "step": 3, "attempts": "first"}, launcher="slurm", ft=None)
+    proc = _train_conf(conf, run)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    row, _ = _status(run)
+    assert row["state"] == "COMPLETED" and [a["class"] for a in row["attempts"]] == ["crash", "completed"], row
+    assert row["attempts"][0]["evidence"].startswith("rank 1 ended without a record"), row["attempts"][0]
+    assert row["attempts"][0]["decision"] == "retried: crash 1 of failure_budget.crash=1", row["attempts"][0]
+    assert row["excluded"] == [], row
+    assert slurm_cluster.job_info(row["job_ids"][0]).get("ExcNodeList") in (None, "", "(null)")
