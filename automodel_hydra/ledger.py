@@ -173,27 +173,27 @@ def _node(record: tp.Mapping[str, tp.Any] | None) -> str | None:
 def rank_ends(ends: tp.Sequence[tp.Mapping[str, tp.Any]], hangs: tp.Sequence[tp.Mapping[str, tp.Any]] = (),
               time_key: str = "mtime") -> list[failures.RankEnd]:
     """Every rank of one attempt as :class:`automodel_hydra.failures.RankEnd`, from its ranks' end records and hang
-    records (each with its file's modification time under ``time_key``): a rank with an end record ended as it
-    says; one with only a hang record hung (the first hang of :func:`automodel_hydra.fault_tolerance.hangs`, at the
-    earliest hang record's time); a rank of the world size with neither is :data:`~automodel_hydra.failures.GONE`.
-    Pure."""
+    records (each with its file's modification time under ``time_key``): the hung rank (the first hang of
+    :func:`automodel_hydra.fault_tolerance.hangs`, at the earliest hang record's time) hung, whatever its end record
+    says of how it was ended afterwards; any other rank with an end record ended as it says; a rank of the world
+    size with neither is :data:`~automodel_hydra.failures.GONE`. Pure."""
     out = []
+    hung_rank = int(hangs[0].get("rank") or 0) if hangs else None
     for r in ends:
+        if int(r.get("rank") or 0) == hung_rank:
+            continue
         failure = None
         if r.get("how") == RAISED:
             failure = failures.Failure(str(r.get("class") or failures.CRASH),
                                        str(r.get("evidence") or r.get("error") or "an error"))
         out.append(failures.RankEnd(int(r.get("rank") or 0), str(r.get("how")), float(r[time_key]),
                                     r.get("step") if isinstance(r.get("step"), int) else None, failure, _node(r)))
-    ranks = {e.rank for e in out}
     if hangs:
-        h = hangs[0]
-        if int(h.get("rank") or 0) not in ranks:
-            when = min(float(x.get(time_key) or 0.0) for x in hangs)
-            out.append(failures.RankEnd(int(h.get("rank") or 0), failures.HUNG, when,
-                                        h.get("step") if isinstance(h.get("step"), int) else None,
-                                        failures.Failure(failures.HANG, fault_tolerance.describe_hang(h)), _node(h)))
-            ranks.add(out[-1].rank)
+        h, when = hangs[0], min(float(x.get(time_key) or 0.0) for x in hangs)
+        out.append(failures.RankEnd(int(h.get("rank") or 0), failures.HUNG, when,
+                                    h.get("step") if isinstance(h.get("step"), int) else None,
+                                    failures.Failure(failures.HANG, fault_tolerance.describe_hang(h)), _node(h)))
+    ranks = {e.rank for e in out}
     hung = {int(h.get("rank") or 0) for h in hangs}
     world = max((int(r.get("world_size") or 1) for r in ends), default=0)
     out += [failures.RankEnd(rank, failures.GONE) for rank in range(world) if rank not in ranks | hung]

@@ -267,6 +267,14 @@ def test_the_rank_that_ended_first_classes_the_attempt_and_an_echo_never_does() 
                  End(0, "raised", 11.0, 3, echo, "n1")) == Failure("hang", "rank 1 hung at step 4")
     # every rank returned: nothing failed
     assert failures.first_end([End(0, "returned", 1.0, 5), End(1, "returned", 2.0, 5)]) is None
+    # from records: the hung rank hung, whatever its own end record says of how it was ended after the hang
+    ranks = ledger.rank_ends([{"rank": 1, "how": "stopped", "step": 4, "world_size": 2, "mtime": 13.0},
+                              {"rank": 0, "how": "raised", "step": 4, "world_size": 2, "mtime": 12.5,
+                               "class": "comm", "evidence": ECHO}],
+                             [{"rank": 1, "step": 4, "host": "n2", "timeout_s": 8, "mtime": 12.0,
+                               "timeout_key": "rank_heartbeat_timeout", "stack": "s.txt"}])
+    assert sorted((e.rank, e.how) for e in ranks) == [(0, "raised"), (1, "hung")]
+    assert _ends(*ranks).line().startswith("hang: rank 1 hung at step 4 on host n2 (no heartbeat within")
 
 
 def _end_on(job: JobSpec, node: str, rank: int, how: str, step: int, at: float, monkeypatch: pytest.MonkeyPatch,
