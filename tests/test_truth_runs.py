@@ -136,10 +136,15 @@ def test_a_rank_that_returns_early_under_ft_launcher_is_no_completed_job(tmp_pat
 def test_slurm_says_completed_and_every_command_of_ours_says_failed(slurm_cluster: tp.Any, tmp_path: Path) -> None:
     """The same on the test cluster (one ft_launcher on one node starting 2 ranks, no restart): the step exits 0
     and sacct says COMPLETED for a job with no result.json; the waiting command, status and report say FAILED and
-    name the rank. The followed log shows no ft_launcher chatter and no pynvml warning."""
+    name the rank. The followed log shows no ft_launcher chatter and no pynvml warning. (failure_budget.user_error=1
+    and slurm.max_requeues=0: the ranks' decision allows a restart, so they send ft_launcher no shutdown request,
+    and ft_launcher ends with its max_restarts=0 spent, which is when it exits 0.)"""
     run = tmp_path / "R"
-    proc = _train(_config(tmp_path, {"mode": "return", "attempts": "every"}, launcher="slurm",
-                          ft={"max_restarts": 0}), run)
+    conf = _config(tmp_path, {"mode": "return", "attempts": "every"}, launcher="slurm", ft={"max_restarts": 0},
+                   extra="failure_budget:\n  user_error: 1\n")
+    text = (conf / "job.yaml").read_text().replace("  wait: true\n", "  wait: true\n  max_requeues: 0\n")
+    (conf / "job.yaml").write_text(text)
+    proc = _train(conf, run)
     assert proc.returncode == 1, proc.stdout[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert "rank 1 returned at step 3 while the others trained" in last and "Slurm state COMPLETED" in last, last
