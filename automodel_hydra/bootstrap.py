@@ -496,13 +496,15 @@ class Distributed:
     """The initialised process group of this task: ``env`` plus ``device``. Use as a context manager.
 
     ``step_log``: where :meth:`log` writes (:class:`automodel_hydra.metrics.StepLog`), set by
-    :func:`automodel_hydra.recipes.run_recipe` for a function recipe; ``logged``: the steps it logged, which are
-    a function recipe's progress where it trains without a torch optimizer (:mod:`automodel_hydra.failures`)."""
+    :func:`automodel_hydra.recipes.run_recipe` for a function recipe; ``logged``: how many steps it logged, and
+    ``last_step`` the last one's number: a function recipe's progress where it trains without a torch optimizer
+    (:mod:`automodel_hydra.failures`, the rank's end record)."""
 
     def __init__(self, env: DistEnv, device: tp.Any) -> None:
         self.env, self.device = env, device
         self.step_log: tp.Any = None
         self.logged = 0
+        self.last_step: int | None = None
 
     def log(self, step: int, **metrics: tp.Any) -> dict[str, tp.Any]:
         """Log one step of a function recipe: on rank 0 one record ``{"step": step, **metrics, "time": ...}``
@@ -515,6 +517,7 @@ class Distributed:
             raise RuntimeError("dist.log: no job to log to (it is set up for a recipe function the worker runs)")
         record = tp.cast(dict[str, tp.Any], self.step_log.log(step, **metrics))
         self.logged += 1
+        self.last_step = int(record["step"])
         return record
 
     # the recipe reads these directly

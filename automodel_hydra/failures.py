@@ -28,6 +28,12 @@ The classes, first match wins (docs/failures.md has the table, the defaults and 
   one: the same config and code fail the same way on every attempt;
 * :data:`CRASH` -- any other exception, or a rank gone without a record, after progress.
 
+An attempt of several ranks is classed by the rank whose end ended it (:func:`first_end` over each rank's
+:class:`RankEnd` in :attr:`Evidence.ends`), never by a rank that only saw it: a peer's "Connection closed by peer"
+is the echo of another rank's end, and the first rank to end is the cause. A rank that *returned* while
+the others trained is the recipe's own doing (its data or its loop ended early on that rank): a restart repeats it,
+so it is a :data:`USER_ERROR`.
+
 The exception's causes (``__cause__``, ``__context__``) count too: Hydra's ``instantiate`` raises
 ``InstantiationException`` from the ``ImportError`` of a ``_target_``; an OOM wrapped in a RuntimeError is an OOM.
 
@@ -75,6 +81,19 @@ _COMM_TEXT = ("nccl", "gloo", "connection closed by peer", "connection reset by 
               "socket timeout", "connection refused", "processgroup", "watchdog caught collective",
               "unhandled system error")
 _INPUT_TYPES = frozenset({"ImportError", "ModuleNotFoundError", "SyntaxError", "OmegaConfBaseException"})
+#: What a rank sees when a peer's process went away (lower case): gloo's "Connection closed by peer" and "Read
+#: error ... Connection reset by peer" (gloo/transport/tcp/pair.cc), a write to a closed socket ("Broken pipe"),
+#: NCCL's ncclRemoteError ("remote process exited or there was a network error").
+_PEER_GONE_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exit",
+                   "ncclremoteerror")
+
+#: How a rank's end is known: its end record's ``how`` (the worker's), a hang record, or nothing at all.
+RETURNED, STOPPED, RAISED = "returned", "stopped", "raised"
+#: A rank with a hang record (:mod:`automodel_hydra.fault_tolerance`) and no end of its own.
+HUNG = "hung"
+#: A rank of the attempt with neither an end nor a hang record: killed by a signal (the OOM killer, SIGKILL), or
+#: its process crashed before it could write one.
+GONE = "gone"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +118,72 @@ class Error:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankEnd:
+    """How one rank of an attempt ended.
+
+    ``how``: :data:`RETURNED`, :data:`STOPPED` (on a signal), :data:`RAISED`, :data:`HUNG` or :data:`GONE`;
+    ``time``: when, by the file server's modification time of its record (seconds; None for :data:`GONE`: no
+    record, no time); ``step``: the step it reached; ``failure``: what the rank said of its own end (RAISED: the
+    class and line it recorded; HUNG: the hang's description); ``node``: where it ran (None: unknown)."""
+
+    rank: int
+    how: str
+    time: float | None = None
+    step: int | None = None
+    failure: Failure | None = None
+    node: str | None = None
+
+    @property
+    def echo(self) -> bool:
+        """Whether this end only says that a peer went away (a :data:`COMM` error with "Connection closed by
+        peer", "Connection reset by peer", "Broken pipe", NCCL's remote error): the echo of another rank's end
+        wherever another rank ended otherwise."""
+        return (self.how == RAISED and self.failure is not None and self.failure.kind == COMM
+                and any(t in self.failure.evidence.lower() for t in _PEER_GONE_TEXT))
+
+    def describe(self, everyone_returned: bool = False) -> str:
+        """``"rank 1 returned at step 3 while the others trained"``, ``"rank 0: RuntimeError: ..."``, ``"rank 1
+        stopped at step 4 on a signal"``, ``"rank 1 ended without a record (...)"``, a hang's description."""
+        at = f" at step {self.step}" if self.step is not None else ""
+        if self.how == RETURNED:
+            return f"rank {self.rank} returned{at}" + ("" if everyone_returned else " while the others trained")
+        if self.how == STOPPED:
+            return f"rank {self.rank} stopped{at} on a signal"
+        if self.how == GONE:
+            return f"rank {self.rank} ended without a record (killed by a signal, or its process crashed)"
+        if self.how == HUNG:
+            return self.failure.evidence if self.failure else f"rank {self.rank} hung{at}"
+        return f"rank {self.rank}: {self.failure.evidence if self.failure else 'an error'}"
+
+
+#: Within one modification time (a file server's clock ticks coarsely), which end is taken first.
+_TIE = {RAISED: 0, RETURNED: 1, HUNG: 2, STOPPED: 3}
+
+
+def first_end(ends: tp.Sequence[RankEnd]) -> RankEnd | None:
+    """The rank whose end ended the attempt, from every rank's end (one per rank; a rank without any record is
+    :data:`GONE`); None when every rank returned (the attempt completed) or nothing is known. Pure.
+
+    * an :attr:`~RankEnd.echo` (a peer gone) is never the cause while another rank ended otherwise: it saw that
+      end; where every end is an echo, the first is (the transport failed under all of them);
+    * of the others, the first by ``time`` (ties: a raise, then a return, a hang, a stop; then the lower rank): a
+      rank that returned while the others trained, raised, hung, or was stopped by a signal first is the cause,
+      and what the others did came after it (an agent stops the whole group once one rank ended);
+    * a rank :data:`GONE` without a record has no time: it is the cause over returns and stops, never over a rank
+      that raised or hung (the agent kills the rest of a failed group, and a rank killed then leaves no record).
+    """
+    if not ends or all(e.how == RETURNED for e in ends):
+        return None
+    real = [e for e in ends if not e.echo] or list(ends)
+    timed = sorted((e for e in real if e.how != GONE),
+                   key=lambda e: (e.time if e.time is not None else 0.0, _TIE.get(e.how, 9), e.rank))
+    gone = [e for e in real if e.how == GONE]
+    if gone and not any(e.how in (RAISED, HUNG) for e in timed):
+        return min(gone, key=lambda e: e.rank)
+    return timed[0] if timed else None
+
+
+@dataclasses.dataclass(frozen=True)
 class Evidence:
     """What is known about how an attempt (or a rank) ended; every field optional.
 
@@ -107,7 +192,9 @@ class Evidence:
     hang record's description; ``signal``: the stop signal a rank caught (``SIGUSR2``, ``SIGTERM``) or the one that
     killed it (``SIGKILL``); ``exit_code``: a process's exit status; ``errors``: the exception and its causes,
     outermost first; ``progressed``: the job had completed an optimizer step (in this attempt or one before);
-    ``detail``: what the attempt's records say in one line, used as the evidence where no exception is quoted."""
+    ``detail``: what the attempt's records say in one line, used as the evidence where no exception is quoted;
+    ``ends``: how each rank of an attempt ended (:class:`RankEnd`): the rank that ended first classes the attempt
+    (:func:`first_end`)."""
 
     slurm_state: str | None = None
     cancelled: bool = False
@@ -118,6 +205,7 @@ class Evidence:
     errors: tuple[Error, ...] = ()
     progressed: bool = True
     detail: str | None = None
+    ends: tuple[RankEnd, ...] = ()
 
 
 def _has(errors: tp.Sequence[Error], types: frozenset[str], text: tp.Sequence[str]) -> Error | None:
@@ -148,6 +236,9 @@ def classify(ev: Evidence) -> Failure:
         return Failure(OOM, found.line)
     if ev.hang:
         return Failure(HANG, ev.hang)
+    cause = first_end(ev.ends)
+    if cause is not None and cause.how != STOPPED:  # a stop on a signal: the signal's rules below
+        return _of_end(cause)
     # an input error anywhere in the chain decides before a transport word in a wrapper's message
     found = next((e for e in ev.errors if _INPUT_TYPES.intersection(e.types) or "UserError" in e.types), None)
     if found is not None:
@@ -166,6 +257,19 @@ def classify(ev: Evidence) -> Failure:
         how = f"killed by {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
         return Failure(CRASH, said or how)
     return Failure(CRASH, said or "ended without a record")
+
+
+def _of_end(cause: RankEnd) -> Failure:
+    """The attempt's failure when ``cause`` ended first (:func:`first_end`): a rank's own exception keeps the class
+    the rank gave it; a rank that returned while the others trained is the recipe's doing, which a restart repeats
+    (:data:`USER_ERROR`); a hang is a :data:`HANG`; a rank gone without a record a :data:`CRASH`."""
+    if cause.how == RAISED:
+        return Failure(cause.failure.kind if cause.failure else CRASH, cause.describe())
+    if cause.how == RETURNED:
+        return Failure(USER_ERROR, cause.describe())
+    if cause.how == HUNG:
+        return Failure(HANG, cause.describe())
+    return Failure(CRASH, cause.describe())
 
 
 def _first_line(error: BaseException) -> str:

@@ -41,8 +41,8 @@ from automodel_hydra.states import JobState
 
 #: Where the ranks' records go, under the job's ``launch/`` dir (end records: :mod:`automodel_hydra.outcome`).
 RANKS_DIR = "ranks"
-#: How a rank left the worker.
-RETURNED, STOPPED, RAISED = "returned", "stopped", "raised"
+#: How a rank left the worker (the end record's ``how``; :mod:`automodel_hydra.failures` reads them).
+RETURNED, STOPPED, RAISED = failures.RETURNED, failures.STOPPED, failures.RAISED
 #: The ledger's class of an attempt that completed (not a failure class).
 COMPLETED = "completed"
 #: An attempt still running (the latest, before it ended).
@@ -249,9 +249,34 @@ def _node(record: tp.Mapping[str, tp.Any] | None) -> str | None:
     return str(found) if found else None
 
 
-def _rank_failure(record: tp.Mapping[str, tp.Any]) -> failures.Failure:
-    kind = str(record.get("class") or failures.CRASH)
-    return failures.Failure(kind, f"rank {record.get('rank')}: {record.get('evidence') or record.get('error')}")
+def rank_ends(ends: tp.Sequence[tp.Mapping[str, tp.Any]], hangs: tp.Sequence[tp.Mapping[str, tp.Any]] = (),
+              time_key: str = "mtime") -> list[failures.RankEnd]:
+    """Every rank of one attempt as :class:`automodel_hydra.failures.RankEnd`, from its ranks' end records and hang
+    records (each with its file's modification time under ``time_key``): the hung rank (the first hang of
+    :func:`automodel_hydra.fault_tolerance.hangs`, at the earliest hang record's time) hung, whatever its end record
+    says of how it was ended afterwards; any other rank with an end record ended as it says; a rank of the world
+    size with neither is :data:`~automodel_hydra.failures.GONE`. Pure."""
+    out = []
+    hung_rank = int(hangs[0].get("rank") or 0) if hangs else None
+    for r in ends:
+        if int(r.get("rank") or 0) == hung_rank:
+            continue
+        failure = None
+        if r.get("how") == RAISED:
+            failure = failures.Failure(str(r.get("class") or failures.CRASH),
+                                       str(r.get("evidence") or r.get("error") or "an error"))
+        out.append(failures.RankEnd(int(r.get("rank") or 0), str(r.get("how")), float(r[time_key]),
+                                    r.get("step") if isinstance(r.get("step"), int) else None, failure, _node(r)))
+    if hangs:
+        h, when = hangs[0], min(float(x.get(time_key) or 0.0) for x in hangs)
+        out.append(failures.RankEnd(int(h.get("rank") or 0), failures.HUNG, when,
+                                    h.get("step") if isinstance(h.get("step"), int) else None,
+                                    failures.Failure(failures.HANG, fault_tolerance.describe_hang(h)), _node(h)))
+    ranks = {e.rank for e in out}
+    hung = {int(h.get("rank") or 0) for h in hangs}
+    world = max((int(r.get("world_size") or 1) for r in ends), default=0)
+    out += [failures.RankEnd(rank, failures.GONE) for rank in range(world) if rank not in ranks | hung]
+    return out
 
 
 def classify_attempt(ends: tp.Sequence[tp.Mapping[str, tp.Any]], hangs: tp.Sequence[tp.Mapping[str, tp.Any]], *,
@@ -259,37 +284,43 @@ def classify_attempt(ends: tp.Sequence[tp.Mapping[str, tp.Any]], hangs: tp.Seque
                      requeued_after: bool = False) -> tuple[failures.Failure | None, str | None]:
     """The class of one attempt's end from its ranks' end records and hang records (``mtime`` each), sacct's
     ``slurm_state`` where known, a user's cancel, and whether Slurm requeued the job after it
-    (``requeued_after``). Returns ``(failure, node)``: None for an attempt whose every rank returned. Pure."""
+    (``requeued_after``), by :func:`automodel_hydra.failures.classify` (the rank that ended first decides,
+    :func:`automodel_hydra.failures.first_end`). Returns ``(failure, node)``: ``node`` is where the rank that
+    ended first ran (None where unknown); ``failure`` is None for an attempt whose every rank returned. Pure."""
     world = max((int(r.get("world_size") or 1) for r in ends), default=0)
     returned = {r.get("rank") for r in ends if r.get("how") == RETURNED}
     if world and returned >= set(range(world)) and not slurm_state:
         return None, next((_node(r) for r in ends if r.get("rank") == 0), None)
-    events = sorted(ends, key=lambda r: (r["mtime"], r.get("rank", 0)))
-    raised = next((r for r in events if r.get("how") == RAISED), None)
-    stopped = [r for r in events if r.get("how") == STOPPED]
-    hang = hangs[0] if hangs else None
+    ranks = rank_ends(ends, hangs)
+    cause = failures.first_end(ranks)
+    stopped = [r for r in ends if r.get("how") == STOPPED]
     signal = next((str(s) for r in stopped for s in (r.get("signals") or [])), None)
     preempting = any(r.get("preempting") for r in stopped)
     detail = None
-    first = events[0] if events else None
-    node = _node(hang if hang is not None else raised if raised is not None else first)
-    if first is not None and first.get("how") == RETURNED:
-        detail = f"rank {first.get('rank')} returned at step {first.get('step')} while the others trained"
-    elif events and world and len({r.get("rank") for r in ends}) < world and hang is None and raised is None:
-        gone = sorted(set(range(world)) - {r.get("rank") for r in ends})
-        detail = f"rank {gone[0]} ended without a record (killed by a signal, or its process crashed)"
-    if signal == "SIGTERM" and requeued_after and raised is None and hang is None:
+    if signal == "SIGTERM" and requeued_after and (cause is None or cause.how == STOPPED):
         preempting, detail = True, "SIGTERM, then Slurm requeued the job"
-    ev = failures.Evidence(slurm_state=slurm_state, cancelled=cancelled, preempting=preempting,
-                           hang=fault_tolerance.describe_hang(hang) if hang is not None else None, signal=signal,
-                           detail=detail)
-    found = failures.classify(ev)
-    # the classes only records can tell (a rank's own exception) come after the scheduler's word and a hang
-    if raised is not None and found.kind in (failures.CRASH, failures.CANCELLED) and detail is None:
-        found = _rank_failure(raised)
-    elif raised is not None and detail is not None and found.kind == failures.CRASH:
-        found = failures.Failure(found.kind, f"{detail}; then {_rank_failure(raised).evidence}")
-    return found, node
+    ev = failures.Evidence(slurm_state=slurm_state, cancelled=cancelled, preempting=preempting, signal=signal,
+                           detail=detail, ends=tuple(ranks))
+    node = cause.node if cause is not None else None
+    return failures.classify(ev), node
+
+
+def ending(launch: Path, restart: int = 0, requeue: int = 0) -> failures.Failure | None:
+    """The class of the attempt ``(restart, requeue)`` while its ranks are still ending (a failed rank's in-job
+    decision under ``ft_launcher``): :func:`automodel_hydra.failures.classify` of the end and hang records its
+    ranks left so far, where a rank without one has not ended yet (it is not taken as gone). None without
+    records."""
+    launch = Path(launch)
+    current = read_run_id(launch)
+    mine = [r for r in _read((launch / RANKS_DIR).glob("rank*.json"), current) if _key(r) == (requeue, restart)]
+    hung = [h for h in fault_tolerance.hangs(launch, restart) if _key(h) == (requeue, restart)]
+    for h in hung:
+        try:
+            h["mtime"] = fault_tolerance.hang_file(launch, int(h.get("rank", 0)), restart, requeue).stat().st_mtime
+        except OSError:
+            h["mtime"] = 0.0
+    ranks = [e for e in rank_ends(mine, hung) if e.how != failures.GONE]
+    return failures.classify(failures.Evidence(ends=tuple(ranks))) if ranks else None
 
 
 def attempts(launch: Path, slurm_state: str | None = None, running: bool = False) -> list[Attempt]:

@@ -19,8 +19,8 @@ terminal went away exits non-zero for a job whose ranks all finished. So:
   others trained; then rank 0: RuntimeError: ...`` (:func:`explain`).
 
 This module imports only the standard library, :mod:`automodel_hydra.plan`, :mod:`automodel_hydra.states`,
-:mod:`automodel_hydra.fault_tolerance`, :mod:`automodel_hydra.ledger` and :mod:`automodel_hydra.records`, so the
-worker, every backend and the CLI use it.
+:mod:`automodel_hydra.failures`, :mod:`automodel_hydra.fault_tolerance`, :mod:`automodel_hydra.ledger` and
+:mod:`automodel_hydra.records`, so the worker, every backend and the CLI use it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import socket
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra import fault_tolerance, ledger, records
-from automodel_hydra.ledger import RAISED, RANKS_DIR, RETURNED, STOPPED
+from automodel_hydra import failures, fault_tolerance, ledger, records
+from automodel_hydra.ledger import RAISED, RANKS_DIR, RETURNED, STOPPED  # noqa: F401 (outcome.RETURNED, ...)
 from automodel_hydra.plan import (
     CALL_FILE,
     JobSpec,
@@ -170,16 +170,6 @@ def classed(job: JobSpec, slurm_state: str | None, why: str | None) -> str | Non
     return f"{rows[-1].kind}: {why}" if why else f"{rows[-1].kind}: {rows[-1].evidence}"
 
 
-def _describe_end(record: tp.Mapping[str, tp.Any], everyone_returned: bool) -> str:
-    rank, step, how = record.get("rank"), record.get("step"), record.get("how")
-    at = f" at step {step}" if step is not None else ""
-    if how == RETURNED:
-        return f"rank {rank} returned{at}" + ("" if everyone_returned else " while the others trained")
-    if how == STOPPED:
-        return f"rank {rank} stopped{at} on a signal"
-    return f"rank {rank}: {_short(str(record.get('error') or 'an error'))}"
-
-
 def _short(text: str, limit: int = 160) -> str:
     """An error's line for a line that says more than it: at most ``limit`` characters (the record keeps it all)."""
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
@@ -188,45 +178,40 @@ def _short(text: str, limit: int = 160) -> str:
 def explain(job: JobSpec, stamps: tp.Mapping[str, tuple[int, int]] | None = None,
             attempt: tuple[int, int] | None = None) -> str | None:
     """Why the job's ``attempt`` (default: its last) ended, in one line, or None when nothing says: the rank that
-    ended first and how (by the modification times of its end record and of the hang records), then, when that
-    was no error, the first rank that raised. Without records: the hang that ended it, else the rank error files
+    ended first and how (:func:`automodel_hydra.failures.first_end` over its end and hang records, ordered by the
+    files' modification times; a peer's "Connection closed by peer" is only its echo), then, when that was no
+    error, the first rank that raised. Without records: the rank error files
     (:func:`automodel_hydra.plan.rank_error`)."""
     launch = job.launch_dir
     records = ends(launch)
     final = last_attempt(launch, records) if attempt is None else attempt  # (requeue, restart)
     mine = [r for r in records if _attempt(r) == final]
-    events: list[tuple[int, str, str]] = []  # (mtime, kind, text)
-    everyone = ranks_completed(launch) is True if attempt is None else False
-    for r in mine:
-        events.append((int(r["mtime_ns"]), str(r.get("how")), _describe_end(r, everyone)))
-    hung = [h for h in fault_tolerance.hangs(launch, final[1]) if _attempt(h) == final]
-    if hung:
-        path = fault_tolerance.hang_file(launch, int(hung[0].get("rank", 0)), final[1], final[0])
+    hung = [dict(h) for h in fault_tolerance.hangs(launch, final[1]) if _attempt(h) == final]
+    for h in hung:
         try:
-            when = path.stat().st_mtime_ns
+            path = fault_tolerance.hang_file(launch, int(h.get("rank", 0)), *reversed(final))
+            h["mtime_ns"] = path.stat().st_mtime_ns
         except OSError:
-            when = min((e[0] for e in events), default=0)
-        h = hung[0]  # a restart's reason is short; the last line's says the timeout and where the stack is
-        text = (fault_tolerance.describe_hang(h) if attempt is None else
-                f"rank {h.get('rank')} hung at step {h.get('step')}")
-        events.append((when, "hung", text))
-    if not events:
+            h["mtime_ns"] = min((int(r["mtime_ns"]) for r in mine), default=0)
+    if not mine and not hung:
         return rank_error(job, stamps) if attempt is None else None
-    events.sort(key=lambda e: e[0])
-    # a rank of the attempt that left no record and no hang ended without leaving the worker: killed by a signal
-    # (the OOM killer, a SIGKILL), or its process crashed. Its end left no time, but it came first: its peers
-    # failed because it was gone
-    world = max(int(r.get("world_size") or 1) for r in records) if records else 0
-    silent = sorted(set(range(world)) - {r.get("rank") for r in mine} - {h.get("rank") for h in hung})
-    if silent and not hung:
-        gone = ", ".join(map(str, silent))
-        events.insert(0, (0, "gone", f"rank{'s' if len(silent) > 1 else ''} {gone} ended without a record (killed "
-                                     "by a signal, or its process crashed)"))
-    first = events[0]
-    raised = next((e for e in events if e[1] == RAISED), None)
-    if first[1] != RAISED and raised is not None:
-        return f"{first[2]}; then {raised[2]}"
-    return first[2]
+    ranks = ledger.rank_ends(mine, hung, time_key="mtime_ns")
+    cause = failures.first_end(ranks)
+    if cause is None:  # every rank returned
+        cause = min(ranks, key=lambda e: (e.time or 0.0, e.rank))
+        return cause.describe(everyone_returned=True)
+    if cause.how == failures.GONE:  # a rank without a record: it came first, its peers failed because it was gone
+        gone = sorted(e.rank for e in ranks if e.how == failures.GONE)
+        text = (f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} ended without a record (killed "
+                "by a signal, or its process crashed)")
+    elif cause.how == failures.HUNG and attempt is not None:  # a restart's reason is short
+        text = f"rank {cause.rank} hung at step {cause.step}"
+    else:  # the last line's hang says the timeout and where the stack is
+        text = cause.describe() if cause.how == failures.HUNG else _short(cause.describe())
+    raised = sorted((e for e in ranks if e.how == failures.RAISED), key=lambda e: (e.time or 0.0, e.rank))
+    if cause.how != failures.RAISED and raised:
+        return f"{text}; then {_short(raised[0].describe())}"
+    return text
 
 
 def first_traceback(job: JobSpec, stamps: tp.Mapping[str, tuple[int, int]] | None = None) -> str | None:

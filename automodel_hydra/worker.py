@@ -310,7 +310,7 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
 
     from automodel_hydra import config, failures, health, ledger, outcome, recipes
     from automodel_hydra.bootstrap import DistEnv, init_distributed
-    from automodel_hydra.plan import RESULT_FILE
+    from automodel_hydra.plan import RESULT_FILE, read_run_id
     from automodel_hydra.records import read_cancel
 
     if start.agent:  # torchrun's or ft_launcher's worker: stop with the agent
@@ -330,9 +330,10 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
 
     def end(how: str, step: int | None = None, error: str | None = None,
             failure: failures.Failure | None = None) -> None:
+        if step is None:  # the optimizer's count; a function recipe without one: the last step it logged
+            step = steps.step if steps.calls else getattr(dist_env, "last_step", None) or steps.step
         outcome.record_end(launch, rank=env.rank, world_size=env.world_size, how=how, restart=restart,
-                           requeue=requeue, step=steps.step if step is None else step, error=error,
-                           failure=failure, resumed=steps.resumed,
+                           requeue=requeue, step=step, error=error, failure=failure, resumed=steps.resumed,
                            signals=[signal.Signals(s).name for s in stop.signals], preempting=preempting)
 
     action, why = EXIT, ""
@@ -361,6 +362,10 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
                 preempting = preempted
                 action, why = after_stop(usr2=usr2, term=term, preempted=preempted,
                                          requeues_left=start.slurm and requeues_left())
+            else:  # recorded before the process group goes: a peer in a collective sees this rank leave after
+                if env.rank == 0:  # its record, so the records' order is the events' (failures.first_end)
+                    result = write_result(Path(cfg.output_dir) / RESULT_FILE, result, read_run_id(launch))
+                end(outcome.RETURNED)
             heartbeat.uninstall()
     except (SystemExit, KeyboardInterrupt):
         heartbeat.uninstall()
@@ -405,27 +410,23 @@ def run(job_file: str | Path, log_file: str | None = None, stop: StopFlag | None
         if action == WAIT:
             wait_for_sigterm(stop)
         raise SystemExit(EXIT_STOPPED)
-    if env.rank == 0:
-        from automodel_hydra.plan import read_run_id
-
-        result = write_result(Path(cfg.output_dir) / RESULT_FILE, result, read_run_id(launch))
-    end(outcome.RETURNED)
     return result
 
 
 def restart_or_not(launch: Path, failure: tp.Any, restart: int, requeue: int) -> None:
-    """Under ``ft_launcher``: whether the failed attempt may restart, by ``failure_budget``
-    (:func:`automodel_hydra.failures.decide` over the classes of this launch's earlier attempts); when not, ask the
-    launcher not to restart (:func:`automodel_hydra.heartbeat.no_restart`) and say why in one line. The first
-    rank to decide records it (``launch/ranks/decision.<attempt>.json``)."""
+    """Under ``ft_launcher``: whether the failed attempt (its class so far, :func:`automodel_hydra.ledger.ending`)
+    may restart, by ``failure_budget`` (:func:`automodel_hydra.failures.decide`); when not, ask the launcher not to
+    restart (:func:`automodel_hydra.heartbeat.no_restart`) and say why in one line; the first rank records it."""
     from automodel_hydra import failures, ledger
 
     budget = failures.FailureBudget.of(_budget_section(launch))
+    # the attempt's class, not this rank's: its "Connection closed by peer" may echo a peer that ended first
+    failure = ledger.ending(launch, restart, requeue) or failure
     decision = failures.decide(failure, ledger.failed_before(launch, (requeue, restart)), budget)
     if not ledger.decision_file(launch, restart, requeue).exists():
         ledger.record_decision(launch, restart, requeue, failure, decision, by="ft_launcher")
     if not decision.retry and heartbeat.no_restart(failure.line()):
-        log.error("%s", decision.why)
+        log.error("the attempt ended %s: %s", failure.line(), decision.why)
 
 
 def refuse_restart(launch: Path, rank: int, restart: int, requeue: int) -> None:

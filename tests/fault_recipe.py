@@ -9,6 +9,7 @@ section: Adam on a tiny model, the gradients all-reduced by hand each step (ever
 * ``import``: it imports a module that does not exist (what a restart repeats);
 * ``oom``: ``MemoryError`` (what a host out of memory raises; a restart repeats it);
 * ``comm``: torch's ``DistBackendError`` (what a failed NCCL or gloo collective raises);
+* ``kill``: the rank kills itself with SIGKILL (a STAND-IN for the kernel's OOM killer): it leaves no record;
 * ``none``: no fault.
 
 ``fault.attempts`` says in which attempts (``TORCHELASTIC_RESTART_COUNT`` + ``SLURM_RESTART_COUNT``) the fault
@@ -19,6 +20,7 @@ tests/test_failure_runs.py."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 import typing as tp
 from pathlib import Path
@@ -48,6 +50,8 @@ def main(cfg: tp.Any, dist: tp.Any, should_stop: tp.Callable[[], bool]) -> dict[
                 import no_such_module_in_this_job  # noqa: F401
             if f.mode == "oom":
                 raise MemoryError
+            if f.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             if f.mode == "comm":
                 raise tdist.DistBackendError(f"NCCL error at step {step}: unhandled system error (a stand-in)")
             if f.mode == "hang":

@@ -351,3 +351,106 @@ def test_a_node_slurm_requeued_the_job_off_is_left_out_at_the_next_requeue() -> 
     assert retry.exclusions([both, crash], partition_nodes=4, job_nodes=1) == ["n2", "n3"]
     decided = dataclasses.replace(died, decision="retried: node_failure 1 of failure_budget.node_failure=3")
     assert retry.slurm_failed([decided, crash]) == []
+
+
+# ----------------------------------------------------------------------------------------------- who ended first
+
+ECHO = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
+
+
+def _ends(*ends: failures.RankEnd) -> Failure:
+    return failures.classify(Evidence(ends=ends))
+
+
+def test_the_rank_that_ended_first_classes_the_attempt_and_an_echo_never_does() -> None:
+    """A peer's "Connection closed by peer" is only the echo of another rank's end, whatever the records' times
+    say (a coarse clock, a record written late): the rank that returned, raised or was killed is the cause."""
+    End, echo = failures.RankEnd, Failure("comm", ECHO)
+    returned = End(1, "returned", 10.0, 3, node="n2")
+    # rank 1 returned while rank 0 trained: the recipe's doing, which a restart repeats, before or after the echo
+    for at in (9.0, 10.0, 11.0):
+        found = _ends(End(0, "raised", at, 3, echo, "n1"), returned)
+        assert found == Failure("user_error", "rank 1 returned at step 3 while the others trained"), (at, found)
+    assert failures.first_end([End(0, "raised", 9.0, 3, echo, "n1"), returned]) == returned
+    # a rank that raised first, the echo within the same clock tick: the raise
+    bad = End(1, "raised", 10.0, 2, Failure("crash", "ValueError: bad batch"), "n2")
+    assert _ends(End(0, "raised", 10.0, 2, echo, "n1"), bad) == Failure("crash", "rank 1: ValueError: bad batch")
+    # a rank killed without a record (the OOM killer, SIGKILL), its peer's echo: the killed rank, a crash
+    assert _ends(End(0, "raised", 10.0, 2, echo, "n1"), End(1, "gone")) == Failure(
+        "crash", "rank 1 ended without a record (killed by a signal, or its process crashed)")
+    # ... but a rank that raised something else comes before a rank gone without a record (the agent kills the rest)
+    assert failures.first_end([bad, End(0, "gone")]) == bad
+    # every rank saw a peer go: the transport failed under all of them, the first one's node is blamed
+    first = End(1, "raised", 9.0, 2, Failure("comm", "RuntimeError: Connection reset by peer"), "n2")
+    assert failures.first_end([End(0, "raised", 10.0, 2, echo, "n1"), first]) == first
+    assert _ends(End(0, "raised", 10.0, 2, echo, "n1"), first).kind == "comm"
+    # a collective that failed by itself (not a peer gone) is comm, and what came after it does not matter
+    nccl = End(1, "raised", 9.0, 2, Failure("comm", "DistBackendError: NCCL error: unhandled system error"), "n2")
+    assert failures.first_end([nccl, End(0, "stopped", 11.0, 2)]) == nccl
+    # a hang after a rank's return is that return's echo; a hang first is the hang
+    hung = End(0, "hung", 12.0, 3, Failure("hang", "rank 0 hung at step 4 on host n1"), "n1")
+    assert _ends(hung, returned).kind == "user_error"
+    assert _ends(End(1, "hung", 9.0, 3, Failure("hang", "rank 1 hung at step 4"), "n2"),
+                 End(0, "raised", 11.0, 3, echo, "n1")) == Failure("hang", "rank 1 hung at step 4")
+    # every rank returned: nothing failed
+    assert failures.first_end([End(0, "returned", 1.0, 5), End(1, "returned", 2.0, 5)]) is None
+    # from records: the hung rank hung, whatever its own end record says of how it was ended after the hang
+    ranks = ledger.rank_ends([{"rank": 1, "how": "stopped", "step": 4, "world_size": 2, "mtime": 13.0},
+                              {"rank": 0, "how": "raised", "step": 4, "world_size": 2, "mtime": 12.5,
+                               "class": "comm", "evidence": ECHO}],
+                             [{"rank": 1, "step": 4, "host": "n2", "timeout_s": 8, "mtime": 12.0,
+                               "timeout_key": "rank_heartbeat_timeout", "stack": "s.txt"}])
+    assert sorted((e.rank, e.how) for e in ranks) == [(0, "raised"), (1, "hung")]
+    assert _ends(*ranks).line().startswith("hang: rank 1 hung at step 4 on host n2 (no heartbeat within")
+
+
+def _end_on(job: JobSpec, node: str, rank: int, how: str, step: int, at: float, monkeypatch: pytest.MonkeyPatch,
+            failure: Failure | None = None, requeue: int = 0) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", node)
+    _end(job, rank, how, step, at, failure=failure, requeue=requeue)
+
+
+def test_a_rank_that_returned_early_is_a_user_error_not_retried_and_no_node_is_blamed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 (node2) returned at step 3 while rank 0 (node1) was in step 4's all-reduce, and rank 0's "Connection
+    closed by peer" record is older (the returning rank's record was written after its process group was gone):
+    the ledger, the line and the requeue hook say rank 1's return, class user_error, run once, nothing
+    excluded."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    _end_on(job, "node1", 0, outcome.RAISED, 3, 1030.0, monkeypatch, Failure("comm", ECHO))
+    _end_on(job, "node2", 1, outcome.RETURNED, 3, 1030.5, monkeypatch)
+    (row,) = ledger.attempts(job.launch_dir)
+    assert (row.kind, row.evidence, row.node) == (
+        "user_error", "rank 1 returned at step 3 while the others trained", "node2"), row
+    action, failure, decision = retry.plan([row], FailureBudget(), 0, 3, 1)
+    assert action == retry.NOTHING and decision == failures.Decision(
+        False, "not retried: a restart repeats it (user_error; failure_budget.user_error=0)"), failure
+    assert retry.exclusions([row], partition_nodes=4, job_nodes=1) == []
+    verdict = outcome.derive(job, JobState.FAILED)
+    assert verdict.why is not None and verdict.why.startswith(
+        "user_error: rank 1 returned at step 3 while the others trained; then rank 0: RuntimeError: "), verdict
+    # under ft_launcher rank 0 decides as it raises: the attempt's class so far, not its own echo
+    assert ledger.ending(job.launch_dir) == failures.Failure(
+        "user_error", "rank 1 returned at step 3 while the others trained")
+
+
+def test_the_echo_of_a_killed_rank_blames_no_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 on node2 was killed (no record); rank 0 on node1 saw "Connection closed by peer": a crash of rank 1,
+    not a comm failure of node1, so the requeue leaves node1 in. Where rank 1 raised first within the same clock
+    tick, its class; where rank 0's echo is the only end so far (its peer has not ended yet), comm."""
+    job = _job(tmp_path)
+    _start(job, 1000)
+    _end_on(job, "node1", 0, outcome.RAISED, 3, 1030.0, monkeypatch, Failure("comm", ECHO))
+    (row,) = ledger.attempts(job.launch_dir)
+    assert (row.kind, row.evidence) == (
+        "crash", "rank 1 ended without a record (killed by a signal, or its process crashed)"), row
+    action, _, _ = retry.plan([row], FailureBudget(), 0, 3, 1)
+    assert action == retry.REQUEUE and retry.exclusions([row], partition_nodes=4, job_nodes=1) == []
+    assert ledger.ending(job.launch_dir) == failures.Failure("comm", f"rank 0: {ECHO}")  # rank 1 still ending
+    # a ValueError and the echo in one tick of the file server's clock: the ValueError
+    _end_on(job, "node2", 0, outcome.RAISED, 3, 1100.0, monkeypatch, Failure("comm", ECHO), requeue=1)
+    _end_on(job, "node1", 1, outcome.RAISED, 3, 1100.0, monkeypatch, Failure("crash", "ValueError: bad batch"),
+            requeue=1)
+    last = ledger.attempts(job.launch_dir)[-1]
+    assert (last.kind, last.evidence, last.node) == ("crash", "rank 1: ValueError: bad batch", "node1"), last

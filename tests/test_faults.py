@@ -121,8 +121,9 @@ def test_rank_killed_fails_the_job_cleanly(start) -> None:
     assert run.wait() != 0
     out = run.output
     assert "ended FAILED" in out and "torchrun exited with" in out  # the driver says so, with the job dir
-    # the rank that left no record is named first: its peer failed because it was gone
-    assert "rank 1 ended without a record (killed by a signal" in out.strip().splitlines()[-1]
+    # the rank that left no record is named first, and classes the attempt: its peer's "Connection closed by peer"
+    # (a comm error of rank 0's node) is only the echo of its end
+    assert "ended FAILED: crash: rank 1 ended without a record (killed by a signal" in out.strip().splitlines()[-1]
     agent_log = next((run.dir / "launch").glob("agent.*.log")).read_text()
     assert "SIGKILL" in agent_log  # torchrun's failure summary names the killed rank, in its log
     assert not (run.dir / "result.json").exists()

@@ -51,7 +51,7 @@ def test_sacct_completed_without_a_result_is_failed_naming_the_rank_that_returne
     _end(job, 0, outcome.RAISED, 3, error="RuntimeError: Connection closed by peer", at=now)
     verdict = outcome.derive(job, JobState.COMPLETED)
     assert verdict.state is JobState.FAILED
-    assert verdict.why == ("crash: rank 1 returned at step 3 while the others trained; then rank 0: RuntimeError: "
+    assert verdict.why == ("user_error: rank 1 returned at step 3 while the others trained; then rank 0: RuntimeError: "
                            "Connection closed by peer")
     # the commands that show it: status (through backend_states), report's "completed"
     record = {"backend": "slurm", "job_dir": str(job.job_dir), "log_name": "train"}

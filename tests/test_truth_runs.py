@@ -110,21 +110,24 @@ def _noise(text: str) -> list[str]:
 @pytest.mark.slow
 @needs_ft
 def test_a_rank_that_returns_early_under_ft_launcher_is_no_completed_job(tmp_path: Path) -> None:
-    """Rank 1's data ends after step 3 in every attempt; rank 0 is in step 4's all-reduce. ft_launcher exits 0
-    after its last attempt; the job is FAILED in the command, in status and in report, and the line names rank 1
-    and how it ended first."""
+    """Rank 1's data ends after step 3 in every attempt; rank 0 is in step 4's all-reduce and sees "Connection
+    closed by peer". The job is FAILED in the command, in status and in report, and the line names rank 1 and how
+    it ended first: a user_error (the recipe's doing), which rank 0's in-job decision does not restart although
+    fault_tolerance.max_restarts=1 and its own error is a comm error (failure_budget.comm=3)."""
     run = tmp_path / "R"
     proc = _train(_config(tmp_path, {"mode": "return", "attempts": "every"}, ft={"max_restarts": 1}), run)
     last = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert last.startswith("error: interactive job ") and " ended FAILED: crash: rank 1 returned at step 3 while the " \
-        "others trained; then rank 0: " in last, last
-    assert "ft_launcher exited with 0 (its log: " in last  # the agent's own word, and where its log is
+    assert last.startswith("error: interactive job ") and " ended FAILED: user_error: rank 1 returned at step 3 " \
+        "while the others trained; then rank 0: " in last, last
+    assert "ft_launcher exited with " in last and "(its log: " in last  # the agent's own word, and where its log is
+    assert "not retried: a restart repeats it (user_error; failure_budget.user_error=0)" in proc.stdout
     row = _status(run)
     assert row["state"] == "FAILED"
-    assert row["note"].startswith("crash: rank 1 returned at step 3 while the others trained")
+    assert row["note"].startswith("user_error: rank 1 returned at step 3 while the others trained")
+    assert [a["class"] for a in row["attempts"]] == ["user_error"] and row["excluded"] == [], row
     assert _report_completed(run, tmp_path / "rep") == ["False"]
-    assert [r["how"] for r in _rank_ends(run) if r["attempt"] == 1 and r["rank"] == 1] == ["returned"]
+    assert [(r["attempt"], r["rank"], r["how"]) for r in _rank_ends(run)] == [(0, 0, "raised"), (0, 1, "returned")]
 
 
 @pytest.mark.slurm
@@ -133,17 +136,22 @@ def test_a_rank_that_returns_early_under_ft_launcher_is_no_completed_job(tmp_pat
 def test_slurm_says_completed_and_every_command_of_ours_says_failed(slurm_cluster: tp.Any, tmp_path: Path) -> None:
     """The same on the test cluster (one ft_launcher on one node starting 2 ranks, no restart): the step exits 0
     and sacct says COMPLETED for a job with no result.json; the waiting command, status and report say FAILED and
-    name the rank. The followed log shows no ft_launcher chatter and no pynvml warning."""
+    name the rank. The followed log shows no ft_launcher chatter and no pynvml warning. (failure_budget.user_error=1
+    and slurm.max_requeues=0: the ranks' decision allows a restart, so they send ft_launcher no shutdown request,
+    and ft_launcher ends with its max_restarts=0 spent, which is when it exits 0.)"""
     run = tmp_path / "R"
-    proc = _train(_config(tmp_path, {"mode": "return", "attempts": "every"}, launcher="slurm",
-                          ft={"max_restarts": 0}), run)
+    conf = _config(tmp_path, {"mode": "return", "attempts": "every"}, launcher="slurm", ft={"max_restarts": 0},
+                   extra="failure_budget:\n  user_error: 1\n")
+    text = (conf / "job.yaml").read_text().replace("  wait: true\n", "  wait: true\n  max_requeues: 0\n")
+    (conf / "job.yaml").write_text(text)
+    proc = _train(conf, run)
     assert proc.returncode == 1, proc.stdout[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert "rank 1 returned at step 3 while the others trained" in last and "Slurm state COMPLETED" in last, last
     job_id = json.loads((run / "launch" / "submission.json").read_text())["job_ids"][0]
     assert slurm_cluster.sacct_state(job_id, timeout=30) == "COMPLETED"  # the scheduler's word, from the exit code
     row = _status(run)
-    assert row["state"] == "FAILED" and row["note"].startswith("crash: rank 1 returned at step 3"), row
+    assert row["state"] == "FAILED" and row["note"].startswith("user_error: rank 1 returned at step 3"), row
     assert _report_completed(run, tmp_path / "rep") == ["False"]
     assert not _noise(proc.stdout), _noise(proc.stdout)
     assert list((run / "launch").glob("agent.*.log")), "ft_launcher's own output is kept in the job's launch dir"
