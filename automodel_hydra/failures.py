@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import typing as tp
+from pathlib import Path
 
 from automodel_hydra.schema import UserError, require
 
@@ -345,6 +346,20 @@ class FailureBudget:
         """From a plain mapping (``launch/job.yaml``'s ``failure_budget``); missing keys keep their defaults."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in (section or {}).items() if k in known})
+
+    @classmethod
+    def of_job(cls, launch: Path) -> FailureBudget:
+        """The job's budget: ``failure_budget`` of its rank-side spec (``launch/job.yaml``); the defaults when the
+        spec cannot be read. What both deciders read: a rank under ``ft_launcher`` and the Slurm requeue hook."""
+        import yaml
+
+        from automodel_hydra.plan import JOB_FILE
+
+        try:
+            spec = yaml.safe_load((Path(launch) / JOB_FILE).read_text())
+        except (OSError, yaml.YAMLError):
+            spec = None
+        return cls.of(spec.get("failure_budget") if isinstance(spec, dict) else None)
 
 
 @dataclasses.dataclass(frozen=True)

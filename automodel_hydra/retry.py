@@ -114,7 +114,7 @@ def plan(rows: tp.Sequence[ledger.Attempt], budget: failures.FailureBudget, rest
 def main(argv: tp.Sequence[str] | None = None, environ: tp.Mapping[str, str] = os.environ) -> int:
     """``python -m automodel_hydra.retry JOB_DIR STATUS [--array TASK... -- DIR...]``; returns STATUS (the step's
     exit status). ``--array``: the array's task ids and, after ``--``, their job dirs in the same order."""
-    from automodel_hydra.worker import _budget_section, slurm_requeue_target
+    from automodel_hydra.worker import slurm_requeue_target
 
     args = list(sys.argv[1:] if argv is None else argv)
     array = array_dirs(args[2:])
@@ -123,7 +123,7 @@ def main(argv: tp.Sequence[str] | None = None, environ: tp.Mapping[str, str] = o
         return USER_ERROR_EXIT
     launch, status = Path(args[0]) / "launch", int(args[1])
     try:
-        budget = failures.FailureBudget.of(_budget_section(launch))
+        budget = failures.FailureBudget.of_job(launch)
     except failures.UserError as e:  # checked at plan time; a hand-edited job.yaml
         print(f"automodel-hydra: {e}", file=sys.stderr)
         return status

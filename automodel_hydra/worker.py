@@ -419,7 +419,7 @@ def restart_or_not(launch: Path, failure: tp.Any, restart: int, requeue: int) ->
     restart (:func:`automodel_hydra.heartbeat.no_restart`) and say why in one line; the first rank records it."""
     from automodel_hydra import failures, ledger
 
-    budget = failures.FailureBudget.of(_budget_section(launch))
+    budget = failures.FailureBudget.of_job(launch)
     # the attempt's class, not this rank's: its "Connection closed by peer" may echo a peer that ended first
     failure = ledger.ending(launch, restart, requeue) or failure
     decision = failures.decide(failure, ledger.failed_before(launch, (requeue, restart)), budget)
@@ -442,7 +442,7 @@ def refuse_restart(launch: Path, rank: int, restart: int, requeue: int) -> None:
     last = rows[-1]
     failure = failures.Failure(last.kind, last.evidence)
     before = [a.kind for a in rows[:-1] if a.kind not in (ledger.COMPLETED, ledger.RUNNING)]
-    decision = failures.decide(failure, before, failures.FailureBudget.of(_budget_section(launch)))
+    decision = failures.decide(failure, before, failures.FailureBudget.of_job(launch))
     if decision.retry:
         return
     if rank == 0:
@@ -451,17 +451,6 @@ def refuse_restart(launch: Path, rank: int, restart: int, requeue: int) -> None:
         log.error("%s: %s", failure.line(), decision.why)
     heartbeat.no_restart(failure.line())
     raise SystemExit(EXIT_NOT_RETRIED)
-
-
-def _budget_section(launch: Path) -> tp.Any:
-    """``failure_budget`` of the job's rank-side spec (``launch/job.yaml``), or None."""
-    import yaml
-
-    try:
-        spec = yaml.safe_load((launch / "job.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return spec.get("failure_budget") if isinstance(spec, dict) else None
 
 
 def failure_cause(error: BaseException) -> Exception:
