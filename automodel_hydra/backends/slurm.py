@@ -89,8 +89,7 @@ class Facts:
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
     #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
     snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
-    #: ``slurm.tunnel``: the submitting dir, and what each login node answered (:func:`slurm_transport.probe`)
-    cwd: Path | None = None
+    #: ``slurm.tunnel``: what each login node answered (:func:`slurm_transport.probe`)
     remote: tp.Mapping[Endpoint, Probe] = dataclasses.field(default_factory=dict)
     partitions: str = ""
 
@@ -175,7 +174,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         answer = probe(HERE) if here or not sizes else Probe(None, None, "")
         sizes += [answer.max_array_size or DEFAULT_MAX_ARRAY_SIZE] if here or not sizes else []
-        return Facts(min(sizes), snapshots, Path.cwd() if remote else None, remote, answer.partitions)
+        return Facts(min(sizes), snapshots, remote, answer.partitions)
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
@@ -202,8 +201,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         assert sc is not None
         facts = facts or Facts()
         tunnel = sc.ssh
-        cluster = Cluster.of(tunnel, sys.executable, facts.cwd,
-                             facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None else None)
+        cluster = Cluster.of(tunnel, sys.executable, facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None
+                             else None)
         ranks_job = cluster.job(job)
         request = plan_request(cfg, ranks_job, facts.snapshots.get((sc.snapshot, sc.snapshot_max_mb)), cluster)
         answer = facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None else None  # (its Probe.partitions)

@@ -125,7 +125,7 @@ TUNNEL_JOB_FILE = "job.tunnel.yaml"
 class Cluster:
     """Where planned jobs are submitted and live (pure). ``endpoint`` None: this machine, whose nodes see its paths
     as they are. Else the login node of ``slurm.tunnel`` (docs/remote.md): each local run dir is ``job_dir`` plus
-    its path relative to ``local_root`` (the submitting dir; :func:`slurm_tunnel.remote_path`).
+    its absolute path here (:func:`slurm_tunnel.remote_path`), whatever dir the command runs from.
 
     ``python`` is the ranks' interpreter on bare metal; ``sbatch_export`` the ``SBATCH_EXPORT`` that ``sbatch``
     sees there (None: the submitting shell's own, read where sbatch runs); ``reconnect_timeout_s`` how long a
@@ -133,22 +133,20 @@ class Cluster:
 
     endpoint: Endpoint | None = None
     job_dir: str = ""
-    local_root: Path = Path("/")
     python: str = "python"
     sbatch_export: str | None = None
     reconnect_timeout_s: float = 0.0
 
     @classmethod
-    def of(cls, tc: TunnelConfig | None, python_here: str, cwd: Path | None = None,
-           answered: Probe | None = None) -> Cluster:
+    def of(cls, tc: TunnelConfig | None, python_here: str, answered: Probe | None = None) -> Cluster:
         """The cluster of a ``slurm.tunnel`` section (None: this machine, whose ranks run ``python_here``), from
-        the submitting dir ``cwd`` and what the login node answered at preflight: a ``~`` in ``job_dir`` or
+        what the login node answered at preflight: a ``~`` in ``job_dir`` or
         ``python`` is the login node's ``$HOME``. Raises ConfigError naming the field when that home is not known
         (planned without a preflight, or the login shell has no ``$HOME``)."""
         if tc is None:
             return cls(python=python_here)
         home = answered.home if answered is not None else None
-        return cls(Endpoint.of(tc), _there_home(tc.job_dir, home, "slurm.tunnel.job_dir"), cwd or Path("/"),
+        return cls(Endpoint.of(tc), _there_home(tc.job_dir, home, "slurm.tunnel.job_dir"),
                    _there_home(tc.python, home, "slurm.tunnel.python"),
                    answered.sbatch_export if answered is not None else "", tc.reconnect_timeout_s)
 
@@ -165,7 +163,7 @@ class Cluster:
 
     def path(self, local: Path | str) -> Path:
         """The cluster's path of a local run dir or of a path in it (this machine: the path itself)."""
-        return Path(local) if self.local_paths else Path(str(remote_path(local, self.local_root, self.job_dir)))
+        return Path(local) if self.local_paths else Path(str(remote_path(local, self.job_dir)))
 
     def job(self, job: JobSpec) -> JobSpec:
         """``job`` with the paths the ranks see: its dirs on the cluster."""

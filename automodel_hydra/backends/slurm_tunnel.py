@@ -22,6 +22,7 @@ a host key that is not known ends in one line (:class:`TunnelError`) within seco
 from __future__ import annotations
 
 import atexit
+import base64
 import dataclasses
 import io
 import os
@@ -103,27 +104,29 @@ class Endpoint:
         return args
 
 
-def remote_path(local: Path | str, local_root: Path | str, job_dir: str) -> PurePosixPath:
-    """Where a local run dir (or a path in it) lives on the login node: ``job_dir`` plus its path relative to
-    ``local_root`` (the submitting dir), or plus its absolute path when it lies outside (pure).
-    ``remote_path("/w/multirun/S/0", "/w", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/multirun/S/0``; a relative
-    ``local`` is taken relative to ``local_root``."""
-    root = PurePosixPath(os.path.normpath(str(local_root)))
-    norm = PurePosixPath(os.path.normpath(str(root / local)))  # a relative path is relative to the submitting dir
-    rel = norm.relative_to(root) if norm == root or root in norm.parents else norm.relative_to("/")
-    return PurePosixPath(job_dir) / rel
+def remote_path(local: Path | str, job_dir: str) -> PurePosixPath:
+    """Where a local run dir (or a path in it) lives on the login node: ``job_dir`` plus its absolute path here
+    (pure). ``remote_path("/w/multirun/S/0", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/w/multirun/S/0``. A
+    function of the dir alone, never of the dir a command runs from: a rerun from another dir, a resume and every
+    member of a sweep find the dirs the first launch made. A relative ``local`` is made absolute here first."""
+    return PurePosixPath(job_dir) / PurePosixPath(os.path.abspath(str(local))).relative_to("/")
 
 
 def sh(script: str) -> str:
-    """A POSIX sh script as one remote command line, whatever the user's login shell is."""
-    return "sh -c " + shlex.quote(script)
+    """A POSIX sh script as one remote command line that every login shell parses alike (sshd runs it with the
+    user's shell, ``$SHELL -c LINE``: bash, dash, zsh, tcsh/csh, fish): the script travels base64-encoded
+    (RFC 4648: letters, digits, ``+/=``), so the line is ``sh -c 'eval "$(echo B64 | base64 -d)"'``, which holds
+    no newline, ``!`` or backslash (csh's single quotes end at a newline and keep ``!`` history; fish's read
+    ``\\``), whatever paths the script names. ``base64`` is coreutils' (and busybox's)."""
+    encoded = base64.b64encode(script.encode()).decode()
+    return f"""sh -c 'eval "$(echo {encoded} | base64 -d)"'"""
 
 
 class SSH(Transport):
     """One ControlMaster connection to an endpoint, opened on first use and shared by every ssh of this process;
     :func:`connect` hands them out, one per endpoint. Thread-safe.
 
-    Every command runs as ``sh -c`` under the login shell, between two random markers that it prints first and
+    Every command runs as ``sh`` under the login shell (whatever its syntax: :func:`sh`), between two random markers that it prints first and
     last on stdout and stderr (with its exit status): what the login shell prints before or after it (a
     ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and never taken for the
     command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes are read as the
