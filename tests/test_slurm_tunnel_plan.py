@@ -40,7 +40,8 @@ def test_a_bad_tunnel_field_is_one_line_naming_it(override: str, key: str) -> No
 
 
 def test_run_dirs_keep_their_absolute_path_under_job_dir() -> None:
-    assert remote_path(CWD / "multirun/S/0", "/scratch/jobs") == PurePosixPath("/scratch/jobs/home/me/proj/multirun/S/0")
+    there = PurePosixPath("/scratch/jobs/home/me/proj/multirun/S/0")
+    assert remote_path(CWD / "multirun/S/0", "/scratch/jobs") == there
     assert remote_path("/tmp/elsewhere/run", "/scratch/jobs") == PurePosixPath("/scratch/jobs/tmp/elsewhere/run")
     assert remote_path("/tmp/a/../b", "/scratch/jobs") == PurePosixPath("/scratch/jobs/tmp/b")
 
@@ -70,7 +71,8 @@ def test_without_a_snapshot_the_ranks_use_the_clusters_install() -> None:
     cfg = load("slurm.snapshot=none")
     text = slurm.Slurm().plan(cfg, JobSpec(CWD / "outputs" / "run", "train"), slurm.Facts()).files["sbatch.sh"]
     assert "automodel_hydra is expected to be installed on the cluster" in text
-    assert "python -u -m automodel_hydra.worker" in text and "cd /scratch/me/jobs/home/me/proj/outputs/run  # slurm.tunnel" in text
+    assert "python -u -m automodel_hydra.worker" in text
+    assert "cd /scratch/me/jobs/home/me/proj/outputs/run  # slurm.tunnel" in text
 
 
 @pytest.mark.parametrize(("stderr", "field", "words"), [

@@ -252,7 +252,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                  dirs=[_there(cluster, root / "slurm"), *(tmp / "src" for tmp, _ in renames)], renames=renames)
         stamps = [error_stamps(p.job) for p in batch.plans]  # what an earlier launch left (rank_error)
         started = time.time()
-        job_id = _sbatch(link, _there(cluster, script), first.request)
+        job_id = _sbatch(link, _there(cluster, script), first.request, batch.files[script])
         tasks = slurm_script.script_task_ids(batch.files[script]) if array else [0] * len(batch.plans)
         subs = []
         for i, p, stamp in zip(tasks, batch.plans, stamps):
@@ -491,10 +491,12 @@ def _snapshot(plan: Plan[Request], cluster: Cluster
 _SNAPSHOTS: dict[tuple[Endpoint | None, str], dict[str, tp.Any]] = {}
 
 
-def _sbatch(link: Transport, script: PurePosixPath, request: Request) -> str:
+def _sbatch(link: Transport, script: PurePosixPath, request: Request, text: str) -> str:
     """``sbatch --parsable SCRIPT`` through ``link``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
     job sees ``request.env_refs``, whose values of the submitting shell reach sbatch's environment through the
-    transport (never on a command line or in a file). Returns the job id: what ``--parsable`` printed, else (a
+    transport (never on a command line or in a file), and without the ``SBATCH_*`` variables that would override
+    an option the script (``text``) sets (:func:`slurm_script.overridden`; one line names them), so the job gets
+    what the plan and a dry run show. Returns the job id: what ``--parsable`` printed, else (a
     site's wrapper that prints more, or other words) the job ``squeue`` lists for the script; "" when sbatch
     queued the job (exit 0) and neither says which (the job is recorded all the same). Raises SubmitError with
     sbatch's own message, PreflightError when ``link`` has no sbatch."""
@@ -502,9 +504,19 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request) -> str:
     export = request.cluster.sbatch_export
     site = os.environ if export is None else {"SBATCH_EXPORT": export}
     argv = ["sbatch", "--parsable", *sbatch_export_args(site, request.env_refs), str(script)]
+    there = request.cluster.sbatch_vars
+    dropped = slurm_script.overridden(text, os.environ if there is None else there)
+    if dropped and (link.where, tuple(dropped)) not in _SAID:
+        _SAID.add((link.where, tuple(dropped)))
+        log.warning("%s, set in %s, would override the planned %s (sbatch(1): input variables beat #SBATCH lines): "
+                    "left out of sbatch's environment, so the job gets what the plan shows",
+                    ", ".join(v for v, _ in dropped),
+                    "this shell" if there is None else f"the login shell of {link.where}",
+                    ", ".join(dict.fromkeys(f"--{o}" for _, o in dropped)))
     try:
         out = link.run(argv, env={n: os.environ[n] for n in names}, timeout=120,
-                       cwd=None if request.cluster.local_paths else str(script.parent))
+                       cwd=None if request.cluster.local_paths else str(script.parent),
+                       unset=[v for v, _ in dropped])
     except ValueError as e:  # a value that cannot be sent
         raise SubmitError(str(e)) from None
     except ConnectionLost as e:  # sbatch may have queued the job: ask once the login node answers again
@@ -533,6 +545,10 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request) -> str:
         log.warning("sbatch %s on %s queued the job, but %s; %s", script, link.where, str(e).removeprefix(
             "sbatch --parsable "), found)
         return job_id
+
+
+#: The lines of :func:`_sbatch` said in this process (one per side and set of variables, not one per array).
+_SAID: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
 def _get(jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:

@@ -128,7 +128,8 @@ class Cluster:
     its absolute path here (:func:`slurm_tunnel.remote_path`), whatever dir the command runs from.
 
     ``python`` is the ranks' interpreter on bare metal; ``sbatch_export`` the ``SBATCH_EXPORT`` that ``sbatch``
-    sees there (None: the submitting shell's own, read where sbatch runs); ``reconnect_timeout_s`` how long a
+    sees there (None: the submitting shell's own, read where sbatch runs), ``sbatch_vars`` likewise the names of
+    the ``SBATCH_*`` variables set there; ``reconnect_timeout_s`` how long a
     launcher following the jobs tries to reach the login node again."""
 
     endpoint: Endpoint | None = None
@@ -136,6 +137,8 @@ class Cluster:
     python: str = "python"
     sbatch_export: str | None = None
     reconnect_timeout_s: float = 0.0
+    #: the ``SBATCH_*`` variables set where sbatch runs (names; None: this machine's, read when it runs)
+    sbatch_vars: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, tc: TunnelConfig | None, python_here: str, answered: Probe | None = None) -> Cluster:
@@ -148,7 +151,8 @@ class Cluster:
         home = answered.home if answered is not None else None
         return cls(Endpoint.of(tc), _there_home(tc.job_dir, home, "slurm.tunnel.job_dir"),
                    _there_home(tc.python, home, "slurm.tunnel.python"),
-                   answered.sbatch_export if answered is not None else "", tc.reconnect_timeout_s)
+                   answered.sbatch_export if answered is not None else "", tc.reconnect_timeout_s,
+                   answered.sbatch_vars if answered is not None else ())
 
     @property
     def local_paths(self) -> bool:

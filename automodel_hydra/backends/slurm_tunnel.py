@@ -126,11 +126,11 @@ class SSH(Transport):
     """One ControlMaster connection to an endpoint, opened on first use and shared by every ssh of this process;
     :func:`connect` hands them out, one per endpoint. Thread-safe.
 
-    Every command runs as ``sh`` under the login shell (whatever its syntax: :func:`sh`), between two random markers that it prints first and
-    last on stdout and stderr (with its exit status): what the login shell prints before or after it (a
-    ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and never taken for the
-    command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes are read as the
-    command wrote them."""
+    Every command runs as ``sh`` under the login shell (whatever its syntax: :func:`sh`), between two random
+    markers that it prints first and last on stdout and stderr (with its exit status): what the login shell prints
+    before or after it (a ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and
+    never taken for the command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes
+    are read as the command wrote them."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
@@ -190,7 +190,7 @@ class SSH(Transport):
             self._forget()
 
     def run(self, argv: tp.Sequence[str], *, env: tp.Mapping[str, str] | None = None, cwd: str | None = None,
-            timeout: float = 120.0) -> Output:
+            timeout: float = 120.0, unset: tp.Sequence[str] = ()) -> Output:
         """:meth:`Transport.run` on the login node: the values of ``env`` go on ssh's stdin, one line each, and
         are read into the command's environment there (never on a command line). Raises ValueError for a value
         with a line break or NUL (it cannot be sent so)."""
@@ -199,6 +199,7 @@ class SSH(Transport):
             if "\n" in value or "\0" in value:
                 raise ValueError(f"${name} holds a line break, which cannot be passed through slurm.tunnel")
         reads = "".join(f"IFS= read -r {name}; export {name}; " for name in env)
+        reads += f"unset {' '.join(map(q, unset))}; " if unset else ""
         script = f"{reads}cd {q(cwd)} && {{ {shlex.join(argv)}\n}}" if cwd else f"{reads}{shlex.join(argv)}"
         return self.sh(script, input="".join(v + "\n" for v in env.values()).encode(), timeout=timeout)
 
