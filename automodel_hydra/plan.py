@@ -445,6 +445,12 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         record's ``log_path`` here. Default: that file on this machine (:func:`read_from`)."""
         return read_from(log, pos)
 
+    def ranks_path(self, plan: Plan[RequestT], path: Path) -> str | None:
+        """Where the job's ranks write ``path`` (a path this machine plans with: its checkpoint dir) when that is
+        not on this machine, as a user names it there (``me@login:/home/me/jobs/.../checkpoints``: a
+        ``slurm.tunnel`` job's login node); None when they write it here. Default: None."""
+        return None
+
     def fetch_results(self, jobs: tp.Sequence[tuple[RefT, Path, str | None]]) -> None:
         """Copy what jobs wrote where they ran (their results, metrics, logs) into their local job dirs, for
         ``(reference, local job dir, record's log_path)``; one that cannot be reached leaves the local copies as

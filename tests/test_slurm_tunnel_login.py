@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests import ssh_server
-from tests.helpers import ROOT
+from tests.helpers import ROOT, git
 from tests.test_slurm_tunnel import cli, launch, local_env
 
 pytestmark = [pytest.mark.slurm]
@@ -447,7 +447,11 @@ def test_a_tcsh_login_with_home_fields_and_leftover_sbatch_variables(slurm_clust
     line = next(x for x in out.splitlines() if "SBATCH_TIMELIMIT" in x)
     assert "SBATCH_JOB_NAME" in line and "--time" in line and "--job-name" in line and "login shell" in line, line
     (job_id,) = json.loads((run / "launch" / "submission.json").read_text())["job_ids"]
-    row = slurm_cluster.run("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobName,Timelimit").stdout.split()
+    deadline = time.monotonic() + 30
+    while (row := slurm_cluster.run("sacct", "-n", "-X", "-P", "-j", job_id, "-S", "now-1hours",  # (ids are reused)
+                                    "-o", "JobName,Timelimit").stdout.split()) in ([], ["allocation|"]):
+        assert time.monotonic() < deadline, row  # (slurmdbd has the job's request a moment after it ran)
+        time.sleep(1)
     assert row == ["planned|00:10:00"], row
     status = cli(env, "status", str(run), "--json")
     assert [r["state"] for r in json.loads(status.stdout)] == ["COMPLETED"], status.stderr
@@ -462,34 +466,37 @@ import time
 
 
 def main(cfg, dist, should_stop):
-    mark = os.path.join(cfg.output_dir, "attempted")
+    mark = os.path.join(os.environ["AUTOMODEL_JOB_DIR"], "attempted")  # the job dir, where the ranks run
     seen = os.path.exists(mark)
     open(mark, "w").close()
     if cfg.x == 1 and not seen:  # the member the test cancels while it runs
         time.sleep(300)
-    return {"loss": 0.0, "seen": seen, "x": cfg.x}
+    return {{"loss": 0.0, "seen": seen, "x": cfg.x}}
 '''
 
 
 def test_a_sweep_resumed_from_another_dir_continues_in_its_own_dirs_there(slurm_cluster, sshd,
                                                                           tmp_path: Path) -> None:
-    """A sweep submitted from its repo with a relative ``hydra.sweep.dir``, one member cancelled while it runs,
-    then the same command run from another dir (the sweep dir named from there): the member runs again in the
-    dir it ran in on the login node (it finds what its first attempt wrote), the finished one is kept."""
+    """A sweep submitted from ``a/`` of a repo with ``hydra.sweep.dir=S``, one member cancelled while it runs,
+    then the same sweep run again from ``b/`` (``hydra.sweep.dir=../a/S``): the member runs again in the dir it
+    ran in on the login node (it finds what its first attempt wrote), the finished one is kept."""
     from tests import helpers
 
-    repo = helpers.user_repo(tmp_path, RESUMING, helpers.USER_JOB)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env, remote, sweep = local_env(tmp_path), tmp_path / "remote", repo / "S"
+    repo = helpers.user_repo(tmp_path, RESUMING, helpers.USER_JOB.replace("my_pkg.train:main", "resrec:main"))
+    for sub in ("a", "b"):  # the recipe module beside each submitting dir (tasks import the snapshot's copy of it)
+        (repo / sub).mkdir()
+        (repo / sub / "resrec.py").write_text(RESUMING.format())
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "two submitting dirs")
+    env, remote, sweep = local_env(tmp_path), tmp_path / "remote", repo / "a" / "S"
     tunnel = sshd.overrides(remote)
 
     def run(cwd: Path, sweep_dir: str, *more: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(repo), "--config-name",
                                "job", "-m", *tunnel, "x=1,2", f"hydra.sweep.dir={sweep_dir}", *more], cwd=cwd,
-                              env={**env, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=300)
+                              env={**env, "PYTHONPATH": str(cwd)}, capture_output=True, text=True, timeout=300)
 
-    first = run(repo, "S", "+slurm.detach=true")
+    first = run(repo / "a", "S", "+slurm.detach=true")  # (returns once the array is queued)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     there = remote / sweep.relative_to("/")
     array = json.loads((sweep / "0" / "launch" / "submission.json").read_text())["job_ids"][0].split("_")[0]
@@ -500,10 +507,19 @@ def test_a_sweep_resumed_from_another_dir_continues_in_its_own_dirs_there(slurm_
             time.sleep(1)
         assert "was RUNNING" in cli(env, "cancel", str(sweep), "0").stdout
         slurm_cluster.wait_gone(f"{array}_0", timeout=60)
-        again = run(elsewhere, "../repo/S")
+        again = run(repo / "b", "../a/S", "+slurm.detach=true")
         assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-        assert json.loads((sweep / "0" / "result.json").read_text()) == {"loss": 0.0, "seen": True, "x": 1}
+        assert "running again: 1" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
+        deadline = time.monotonic() + 120
+        while not (there / "0" / "result.json").exists():
+            assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in sorted(
+                (there / "slurm").glob("*_0_0_log.out"), key=os.path.getmtime)][-1:]
+            time.sleep(1)
+        rows = json.loads(cli(env, "status", str(sweep), "--json").stdout)  # (copies the results back)
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        result = json.loads((sweep / "0" / "result.json").read_text())
+        assert (result["seen"], result["x"]) == (True, 1), result
         assert json.loads((there / "0" / "result.json").read_text())["seen"] is True
-        assert not (remote / elsewhere.relative_to("/")).exists() and not list(remote.rglob("repo/repo"))
+        assert not (remote / "S").exists()
     finally:
         slurm_cluster.cancel_left([array])

@@ -348,6 +348,17 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         except (ConnectionLost, TunnelError):
             return read_from(copy, pos) if copy else None
 
+    def ranks_path(self, plan: Plan[Request], path: Path) -> str | None:
+        """Through ``slurm.tunnel``: ``user@host:PATH`` on the login node (a path in the job's dir, or a sweep job's
+        sweep dir, is the cluster's copy of it, as :func:`slurm_plan.tunnel_spec` plans it; any other path is the
+        cluster's own, as written). None on this machine's cluster (the nodes share its paths)."""
+        cluster = plan.request.cluster
+        if cluster.endpoint is None:
+            return None
+        roots = [plan.job.job_dir, *([plan.job.job_dir.parent] if plan.job.job_num is not None else [])]
+        inside = any(path == root or root in path.parents for root in roots)
+        return f"{cluster.endpoint.destination}:{cluster.path(path) if inside else path}"
+
     def fetch_results(self, jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:
         """Copy back :data:`FETCHED` and the rank-0 log of jobs that ran where this machine cannot read (through
         ``slurm.tunnel``), one ``tar`` per login node. A login node that cannot be reached leaves the local copies
@@ -602,5 +613,5 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if verdict.why is None and copy and Path(copy).exists():  # nothing else says why: the log's last lines
         tail = "\n" + "\n".join(Path(copy).read_text(errors="replace").splitlines()[-30:])
     why = "; ".join(x for x in (verdict.why, f"Slurm state {state.value}", restarts) if x)
-    return JobResult(verdict.state, error=f"job {sub.ref.job_id}: {why} (log {sub.log_path}){tail}",
+    return JobResult(verdict.state, error=f"{why}{tail}",  # (the command's line names the job and its log)
                      traceback=verdict.traceback)
