@@ -218,3 +218,41 @@ def test_a_run_dirs_place_on_the_login_node_does_not_depend_on_the_submitting_di
         text = slurm.Slurm().plan(cfg, JobSpec(Path("/tmp/tr/t5"), "train"), facts).files["sbatch.sh"]
         seen.add(next(line for line in text.splitlines() if line.startswith("export AUTOMODEL_JOB_DIR=")))
     assert seen == {"export AUTOMODEL_JOB_DIR=/scratch/me/jobs/tmp/tr/t5"}, seen
+
+
+def test_a_stop_line_names_the_login_nodes_checkpoints_never_none_here() -> None:
+    """A tunnel job stopped while its launcher waits: its ranks checkpoint on the login node, so the stop line
+    names that dir there (``user@host:PATH``), not "no checkpoint yet in" this machine's dir."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobResult, JobStoppedError, Submission
+    from automodel_hydra.states import JobState
+
+    plan = _plan("slurm.snapshot=none")
+    cfg = load("slurm.snapshot=none")
+    stopped = driver.Outcome(driver.Prepared(cfg, plan.job, False), Submission(plan, slurm.SlurmRef("42")),
+                             JobResult(JobState.CANCELLED))
+    with pytest.raises(JobStoppedError) as e:
+        stopped.value()
+    line = str(e.value)
+    assert "me@login.example.org:/scratch/me/jobs/home/me/proj/outputs/run/checkpoints" in line, line
+    assert "no checkpoint yet" not in line and "\n" not in line
+
+
+def test_a_failed_slurm_jobs_line_names_its_log_once(tmp_path: Path) -> None:
+    """The command's line for a failed Slurm job names the job and its log once (the result's own error said
+    them again: "(log X) (log: X)")."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobFailedError, Submission
+    from automodel_hydra.states import JobState
+
+    cfg = load("slurm.snapshot=none", output_dir=tmp_path / "run")
+    job = JobSpec(tmp_path / "run", "train")
+    plan = slurm.Slurm().plan(cfg, job, slurm.Facts(remote={Endpoint.of(cfg.slurm.tunnel): Probe(
+        "/usr/bin/sbatch", 1001, "", "/home/me")}))
+    log = f"me@login.example.org:/scratch/me/jobs{tmp_path}/run/slurm/42_0_log.out"
+    sub = Submission(plan, slurm.SlurmRef("42"), log_path=log)
+    failed = driver.Outcome(driver.Prepared(cfg, job, False), sub, slurm._result(sub, JobState.FAILED))
+    with pytest.raises(JobFailedError) as e:
+        failed.value()
+    line = str(e.value)
+    assert line.count(log) == 1 and line.count("job 42") == 1, line
