@@ -391,8 +391,7 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     @abc.abstractmethod
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
         """Checks that need this machine, for every job about to be planned; returns the facts planning needs
-        (kept nowhere else). Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from
-        here."""
+        (kept nowhere else). Raises PreflightError or ConfigError (one line) when they cannot be submitted here."""
 
     @abc.abstractmethod
     def world_size(self, cfg: TrainConfig, facts: FactsT | None = None) -> int:
@@ -446,10 +445,7 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         return read_from(log, pos)
 
     def ranks_path(self, plan: Plan[RequestT], path: Path) -> str | None:
-        """Where the job's ranks write ``path`` (a path this machine plans with: its checkpoint dir) when that is
-        not on this machine, as a user names it there (``me@login:/home/me/jobs/.../checkpoints``: a
-        ``slurm.tunnel`` job's login node); None when they write it here. Default: None."""
-        return None
+        """Where the ranks write ``path`` when not here, as named there (``me@login:/jobs/x/ckpt``); None: here."""
 
     def fetch_results(self, jobs: tp.Sequence[tuple[RefT, Path, str | None]]) -> None:
         """Copy what jobs wrote where they ran (their results, metrics, logs) into their local job dirs, for

@@ -201,8 +201,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         assert sc is not None
         facts = facts or Facts()
         tunnel = sc.ssh
-        cluster = Cluster.of(tunnel, sys.executable, facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None
-                             else None)
+        cluster = Cluster.of(tunnel, sys.executable, facts.remote.get(Endpoint.of(tunnel)) if tunnel else None)
         ranks_job = cluster.job(job)
         request = plan_request(cfg, ranks_job, facts.snapshots.get((sc.snapshot, sc.snapshot_max_mb)), cluster)
         answer = facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None else None  # (its Probe.partitions)
@@ -349,15 +348,8 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             return read_from(copy, pos) if copy else None
 
     def ranks_path(self, plan: Plan[Request], path: Path) -> str | None:
-        """Through ``slurm.tunnel``: ``user@host:PATH`` on the login node (a path in the job's dir, or a sweep job's
-        sweep dir, is the cluster's copy of it, as :func:`slurm_plan.tunnel_spec` plans it; any other path is the
-        cluster's own, as written). None on this machine's cluster (the nodes share its paths)."""
-        cluster = plan.request.cluster
-        if cluster.endpoint is None:
-            return None
-        roots = [plan.job.job_dir, *([plan.job.job_dir.parent] if plan.job.job_num is not None else [])]
-        inside = any(path == root or root in path.parents for root in roots)
-        return f"{cluster.endpoint.destination}:{cluster.path(path) if inside else path}"
+        """:meth:`Cluster.ranks_path` (None on this machine's cluster, or for a plan without a request)."""
+        return plan.request.cluster.ranks_path(plan.job, path) if plan.request is not None else None
 
     def fetch_results(self, jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:
         """Copy back :data:`FETCHED` and the rank-0 log of jobs that ran where this machine cannot read (through
@@ -506,8 +498,8 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request, text: str)
     """``sbatch --parsable SCRIPT`` through ``link``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
     job sees ``request.env_refs``, whose values of the submitting shell reach sbatch's environment through the
     transport (never on a command line or in a file), and without the ``SBATCH_*`` variables that would override
-    an option the script (``text``) sets (:func:`slurm_script.overridden`; one line names them), so the job gets
-    what the plan and a dry run show. Returns the job id: what ``--parsable`` printed, else (a
+    the script's (``text``) options (:func:`slurm_script.overridden`, named in one line). Returns the job id:
+    what ``--parsable`` printed, else (a
     site's wrapper that prints more, or other words) the job ``squeue`` lists for the script; "" when sbatch
     queued the job (exit 0) and neither says which (the job is recorded all the same). Raises SubmitError with
     sbatch's own message, PreflightError when ``link`` has no sbatch."""
@@ -517,13 +509,8 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request, text: str)
     argv = ["sbatch", "--parsable", *sbatch_export_args(site, request.env_refs), str(script)]
     there = request.cluster.sbatch_vars
     dropped = slurm_script.overridden(text, os.environ if there is None else there)
-    if dropped and (link.where, tuple(dropped)) not in _SAID:
-        _SAID.add((link.where, tuple(dropped)))
-        log.warning("%s, set in %s, would override the planned %s (sbatch(1): input variables beat #SBATCH lines): "
-                    "left out of sbatch's environment, so the job gets what the plan shows",
-                    ", ".join(v for v, _ in dropped),
-                    "this shell" if there is None else f"the login shell of {link.where}",
-                    ", ".join(dict.fromkeys(f"--{o}" for _, o in dropped)))
+    if dropped:
+        log.warning("%s", slurm_script.dropped_line(dropped, None if there is None else link.where))
     try:
         out = link.run(argv, env={n: os.environ[n] for n in names}, timeout=120,
                        cwd=None if request.cluster.local_paths else str(script.parent),
@@ -556,10 +543,6 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request, text: str)
         log.warning("sbatch %s on %s queued the job, but %s; %s", script, link.where, str(e).removeprefix(
             "sbatch --parsable "), found)
         return job_id
-
-
-#: The lines of :func:`_sbatch` said in this process (one per side and set of variables, not one per array).
-_SAID: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
 
 def _get(jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:

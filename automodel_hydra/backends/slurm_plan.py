@@ -175,6 +175,16 @@ class Cluster:
                                    workdir=self.path(job.workdir) if job.workdir is not None else None,
                                    code_dir=self.path(job.code_dir) if job.code_dir is not None else None)
 
+    def ranks_path(self, job: JobSpec, path: Path) -> str | None:
+        """Where the ranks of ``job`` write ``path`` through ``slurm.tunnel``: ``user@host:PATH`` there (a path in
+        the job's dir, or a sweep job's sweep dir, is the cluster's copy of it, as :func:`tunnel_spec` plans it;
+        any other is the cluster's own, as written); None on this machine's cluster (the nodes share its paths)."""
+        if self.endpoint is None:
+            return None
+        roots = [job.job_dir, *([job.job_dir.parent] if job.job_num is not None else [])]
+        inside = any(path == root or root in path.parents for root in roots)
+        return f"{self.endpoint.destination}:{self.path(path) if inside else path}"
+
     def code_record(self, source: Source, code_dir: Path) -> dict[str, tp.Any]:
         """What a submission record says of the snapshot the jobs run (at ``code_dir`` there), and on which host."""
         host = {"host": self.endpoint.destination} if self.endpoint is not None else {}

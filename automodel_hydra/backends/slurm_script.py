@@ -301,9 +301,19 @@ def overridden(script: str, names: tp.Iterable[str]) -> list[tuple[str, str]]:
             if var in present and any(o in planned for o in options)]
 
 
+def dropped_line(dropped: tp.Sequence[tuple[str, str]], login: str | None) -> str:
+    """The one line naming the :func:`overridden` variables left out of sbatch's environment in this shell
+    (``login`` None), or in the login shell of ``login`` (``me@login``)."""
+    side = "this shell" if login is None else f"the login shell of {login}"
+    return (f"{', '.join(v for v, _ in dropped)}, set in {side}, would override the planned "
+            f"{', '.join(dict.fromkeys(f'--{o}' for _, o in dropped))} (sbatch(1): input variables beat #SBATCH "
+            "lines): left out of sbatch's environment, so the job gets what the plan shows")
+
+
 __all__ = [
     "DECIDED",
     "SBATCH_INPUT_VARS",
+    "dropped_line",
     "overridden",
     "PATTERN_OPTIONS",
     "SBATCH_HINTS",
