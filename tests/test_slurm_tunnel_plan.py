@@ -256,3 +256,25 @@ def test_a_failed_slurm_jobs_line_names_its_log_once(tmp_path: Path) -> None:
         failed.value()
     line = str(e.value)
     assert line.count(log) == 1 and line.count("job 42") == 1, line
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash", "tcsh"])
+def test_a_remote_command_line_means_the_same_script_in_every_login_shell(shell: str) -> None:
+    """What sshd hands the login shell (``$SHELL -c LINE``) runs the script as sh would, quotes, ``!``, ``%``,
+    backslashes and newlines included (tcsh: "Unmatched '''" for a multi-line single-quoted script)."""
+    import os
+    import shutil
+    import subprocess
+
+    from automodel_hydra.backends.slurm_tunnel import sh
+
+    if shutil.which(shell) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{shell} is missing (scripts/install-slurm-deps installs tcsh)")
+        pytest.skip(f"no {shell} here (scripts/install-slurm-deps installs tcsh)")
+    script = ("printf '%s|\\n' \"a  b\" 'it''s' \"100%\" '!x' 'c:\\\\d'\n"
+              "for p in /jobs/* ; do :; done; echo \"$((6*7))\"")
+    want = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    got = subprocess.run([shell, "-c", sh(script)], capture_output=True, text=True)
+    assert (got.returncode, got.stdout, got.stderr) == (0, want, ""), got
+    assert "\n" not in sh(script) and "!" not in sh(script)

@@ -22,7 +22,6 @@ a host key that is not known ends in one line (:class:`TunnelError`) within seco
 from __future__ import annotations
 
 import atexit
-import base64
 import dataclasses
 import io
 import os
@@ -112,14 +111,20 @@ def remote_path(local: Path | str, job_dir: str) -> PurePosixPath:
     return PurePosixPath(job_dir) / PurePosixPath(os.path.abspath(str(local))).relative_to("/")
 
 
+#: Bytes a remote command line carries as they are (:func:`sh`): nothing any login shell's quoting, sh's double
+#: quotes or printf's format reads specially.
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _./,:=+-@")
+
+
 def sh(script: str) -> str:
     """A POSIX sh script as one remote command line that every login shell parses alike (sshd runs it with the
-    user's shell, ``$SHELL -c LINE``: bash, dash, zsh, tcsh/csh, fish): the script travels base64-encoded
-    (RFC 4648: letters, digits, ``+/=``), so the line is ``sh -c 'eval "$(echo B64 | base64 -d)"'``, which holds
-    no newline, ``!`` or backslash (csh's single quotes end at a newline and keep ``!`` history; fish's read
-    ``\\``), whatever paths the script names. ``base64`` is coreutils' (and busybox's)."""
-    encoded = base64.b64encode(script.encode()).decode()
-    return f"""sh -c 'eval "$(echo {encoded} | base64 -d)"'"""
+    user's shell, ``$SHELL -c LINE``: bash, dash, zsh, tcsh/csh, fish): ``sh -c 'eval "$(printf "...")"'`` with
+    the script in printf's format, each byte outside :data:`_PLAIN` as a 3-digit octal escape (POSIX printf(1):
+    ``\\ddd``). The line holds no newline, ``!``, quote or ``%`` of the script, and its backslashes are always
+    before a digit: csh's single quotes end at a newline and keep ``!`` history, fish's read ``\\\\`` and ``\\'``,
+    and none of that can occur, whatever paths the script names. Needs nothing but ``sh`` there (its printf)."""
+    body = "".join(chr(b) if b in _PLAIN else f"\\{b:03o}" for b in script.encode())
+    return f"""sh -c 'eval "$(printf "{body}")"'"""
 
 
 class SSH(Transport):
