@@ -39,8 +39,8 @@ from automodel_hydra import errors
 from automodel_hydra import sections as table  # the one table of sections: which plays which part
 from automodel_hydra.backends.interactive_config import InteractiveConfig
 from automodel_hydra.backends.skypilot_config import SkyPilotConfig
-from automodel_hydra.backends.slurm_config import SlurmConfig
-from automodel_hydra.envvars import Interp, expand, parse, render
+from automodel_hydra.backends.slurm_config import HOME_ELSEWHERE, SlurmConfig
+from automodel_hydra.envvars import Interp, expand, home_elsewhere, parse, render
 from automodel_hydra.failures import FailureBudget
 from automodel_hydra.fault_tolerance import FaultToleranceConfig
 from automodel_hydra.interpolations import escape, omega_text
@@ -380,7 +380,8 @@ def _launcher_fields(cfg: DictConfig, data: dict[str, tp.Any], environ: tp.Mappi
                     for p in parse(text, k, is_key)))
             else:
                 node[name] = _walk(value, key, lambda text, k: omega_text(
-                    p if isinstance(p, Interp) else expand((p,), environ, k) for p in parse(text, k, is_key)))
+                    p if isinstance(p, Interp) else expand((p,), environ, k)  # another machine's $HOME: as ~
+                    for p in home_elsewhere(parse(text, k, is_key), k, HOME_ELSEWHERE.get(k))))
 
 
 def _walk(value: tp.Any, key: str, text: tp.Callable[[str, str], str]) -> tp.Any:

@@ -103,11 +103,12 @@ class Outcome:
         if self.result.state is JobState.CANCELLED:  # someone stopped it: a stop line, not an error
             how = f": {self.result.stop}" if self.result.stop else ""
             raise JobStoppedError(stop_line([f"{self.name} (cancelled{how})"], [], self.prepared.job.job_dir,
-                                            checkpoint_note([self.prepared])))
+                                            checkpoint_note([self])))
         if not self.result.ok:
+            first, _, rest = (self.result.error or "").partition("\n")  # the log named before a log's tail
             raise JobFailedError(f"{self.sub.plan.backend} job {','.join(self.sub.ids) or self.prepared.job.job_dir}"
-                                 f" ended {self.result.state.value}: {self.result.error or ''} "
-                                 f"(log: {self.sub.log_path})")
+                                 f" ended {self.result.state.value}: {first} (log: {self.sub.log_path})"
+                                 f"{chr(10) + rest if rest else ''}")
         value = self.result.value
         return value.get("loss") if isinstance(value, dict) else value
 
@@ -351,15 +352,18 @@ def _stop_summary(outcomes: tp.Sequence[Outcome], impls: tp.Mapping[str, Backend
                 running.append(o)
     what = stopped or [f"waiting ({stop.how})"]
     return stop_line(what, [o.name for o in running], where,
-                     checkpoint_note([o.prepared for o in stopped_jobs + running]))
+                     checkpoint_note(stopped_jobs + running))
 
 
-def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
-    """Where the newest checkpoint of stopped ``jobs`` is, for a stop line: ``newest checkpoint: PATH`` (the
-    newest complete one in the checkpoint dir of this project's layout, the recipe kind's
-    :meth:`~automodel_hydra.recipe_kind.RecipeKind.checkpoint_dir`), else where to look."""
+def checkpoint_note(outcomes: tp.Sequence[Outcome]) -> str:
+    """Where the newest checkpoint of stopped jobs is, for a stop line: ``newest checkpoint: PATH`` (the newest
+    complete one in the checkpoint dir of this project's layout, the recipe kind's
+    :meth:`~automodel_hydra.recipe_kind.RecipeKind.checkpoint_dir`), else where to look: jobs whose ranks write
+    elsewhere (:meth:`~automodel_hydra.plan.Backend.ranks_path`: a login node's disks) are named there, never said
+    to have none."""
     from automodel_hydra.checkpoint import find_latest
 
+    jobs = [o.prepared for o in outcomes]
     if not jobs:
         return "no checkpoint"
     if not all(backends.get(p.cfg.backend).ranks_write_job_dir for p in jobs):  # on their own nodes or bucket
@@ -367,6 +371,11 @@ def checkpoint_note(jobs: tp.Sequence[Prepared]) -> str:
     dirs = [p.cfg.kind.checkpoint_dir(p.cfg, p.job.job_dir) for p in jobs]  # None: the recipe's own layout
     if dirs[0] is None or None in dirs:
         return "checkpoints: where the recipe's checkpoint section puts them"
+    sub = outcomes[0].sub
+    there = backends.get(sub.plan.backend).ranks_path(sub.plan, dirs[0]) if sub else None
+    if there is not None:
+        return (f"checkpoints: where the ranks write them, {'each job its own, ' if len(jobs) > 1 else ''}"
+                f"{there}{', ...' if len(jobs) > 1 else ''} (not copied here)")
     if len(jobs) > 1:
         return f"checkpoints: each job's own ({dirs[0]}, ...)"
     latest = find_latest(dirs[0])

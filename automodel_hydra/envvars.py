@@ -179,6 +179,28 @@ def expand(parts: tp.Sequence[Part], environ: tp.Mapping[str, str], key: str) ->
     return "".join(out)
 
 
+def home_elsewhere(parts: tp.Sequence[Part], key: str, whose: str | None) -> tuple[Part, ...]:
+    """``parts`` of a field that names another machine's path (``whose`` home: a login node's, the nodes'; None:
+    a field of this machine's, ``parts`` as they are; ``slurm_config.HOME_ELSEWHERE``), with a
+    leading ``$HOME`` / ``${HOME}`` (alone or before ``/``) read as ``~``, the home *there*, which the field's
+    own rule gives its meaning (the login node's ``$HOME`` read at preflight; ``"$HOME"`` in the job's script):
+    this shell's ``$HOME`` names this machine's home, never that one. ``["${HOME}", "/jobs"]`` ->
+    ``["~", "/jobs"]``. Raises ConfigError naming ``key`` for ``HOME`` anywhere else (with a default, or
+    inside the path), which has no meaning there; the line suggests no local path."""
+    out = list(parts)
+    if whose is None:
+        return tuple(out)
+    if out and isinstance(out[0], Ref) and out[0].name == "HOME" and out[0].op is None and (
+            len(out) == 1 or (isinstance(out[1], str) and out[1].startswith("/"))):
+        out[0] = "~"
+        if len(out) > 1:
+            out[0:2] = ["~" + tp.cast(str, out[1])]
+    if any(isinstance(p, Ref) and p.name == "HOME" for p in out):
+        raise ConfigError(key, render(parts), f"$HOME only at its start ($HOME/... or ~/...: {whose}); this "
+                          "shell's $HOME names this machine's home, not that one")
+    return tuple(out)
+
+
 def render(parts: tp.Sequence[Part]) -> str:
     """Text that :func:`parse` reads back as ``parts`` (literal ``\\`` and ``$`` escaped)."""
     return "".join(_escape_literal(p) if isinstance(p, str) else p.text() if isinstance(p, Ref) else p.text

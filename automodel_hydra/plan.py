@@ -383,8 +383,7 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
     @abc.abstractmethod
     def preflight(self, cfgs: tp.Sequence[TrainConfig]) -> FactsT:
         """Checks that need this machine, for every job about to be planned; returns the facts planning needs
-        (kept nowhere else). Raises PreflightError or ConfigError (one line) when the jobs cannot be submitted from
-        here."""
+        (kept nowhere else). Raises PreflightError or ConfigError (one line) when they cannot be submitted here."""
 
     @abc.abstractmethod
     def world_size(self, cfg: TrainConfig, facts: FactsT | None = None) -> int:
@@ -453,6 +452,9 @@ class Backend(abc.ABC, tp.Generic[RequestT, RefT, FactsT]):
         replaced or truncated, read it from its start again), or None while there is none. ``log`` is the
         record's ``log_path`` here. Default: that file on this machine (:func:`read_from`)."""
         return read_from(log, pos)
+
+    def ranks_path(self, plan: Plan[RequestT], path: Path) -> str | None:
+        """Where the ranks write ``path`` when not here, as named there (``me@login:/jobs/x/ckpt``); None: here."""
 
     def fetch_results(self, jobs: tp.Sequence[tuple[RefT, Path, str | None]]) -> None:
         """Copy what jobs wrote where they ran (their results, metrics, logs) into their local job dirs, for

@@ -31,7 +31,9 @@ def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
     """The state of each submission record, from the record's backend: one ``states`` call per backend (one
     sacct call for a whole Slurm array), read through what the job's ranks did
     (:func:`automodel_hydra.outcome.state_info`: no result, no COMPLETED, whatever ``sacct`` says). A state the
-    backend cannot give is UNKNOWN with the reason; never an error."""
+    backend cannot give is UNKNOWN with the reason; never an error. What the jobs that ended wrote where they ran
+    (a ``slurm.tunnel`` job's login node) is copied back first (``Backend.fetch_results``), so that a resume or a
+    report reads their results, not their absence."""
     from automodel_hydra import backends, outcome
 
     out = [StateInfo(JobState.UNKNOWN)] * len(records)
@@ -41,7 +43,11 @@ def backend_states(records: tp.Sequence[dict[str, tp.Any]]) -> list[StateInfo]:
     for name, idx in by_backend.items():
         try:
             impl = backends.get(name)
-            infos = impl.states([impl.ref_from_record(records[i]) for i in idx])
+            refs = [impl.ref_from_record(records[i]) for i in idx]
+            infos = impl.states(refs)
+            # what ended elsewhere (a slurm.tunnel job's login node) is copied back first: its result decides
+            impl.fetch_results([(ref, Path(records[i]["job_dir"]), records[i].get("log_path"))
+                                for ref, i, info in zip(refs, idx, infos) if info.state.final])
             write = getattr(impl, "ranks_write_job_dir", False)  # (a backend of ours says; another's states stand)
             infos = [outcome.state_info(records[i], info, write) for i, info in zip(idx, infos)]
         except Exception as e:

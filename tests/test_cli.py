@@ -364,7 +364,7 @@ def test_final_states_come_from_jobstate(tmp_path: Path, monkeypatch: pytest.Mon
     cancelled: list[tp.Any] = []
     fake = types.SimpleNamespace(states=lambda refs: [StateInfo(JobState.PREEMPTED)] * len(refs),
                                  cancel=cancelled.extend, ref_from_record=lambda r: r["job_dir"],
-                                 read_log=lambda ref, log, pos: read_from(log, pos))
+                                 read_log=lambda ref, log, pos: read_from(log, pos), fetch_results=lambda jobs: None)
     monkeypatch.setattr(backends, "get", lambda name: fake)
     _job(tmp_path / "R", None, [], completed=False)
     assert cli.main(["cancel", str(tmp_path / "R")]) == 0

@@ -144,3 +144,29 @@ def test_two_jobs_on_the_same_node_rendezvous_on_different_ports(slurm_cluster, 
     # both ranks of each job met on its port: a rank on another port would have hung in init_process_group
     for i in range(2):
         assert {r["world_size"] for r in metrics(sweep / str(i))} == {2}
+
+
+def test_leftover_sbatch_variables_in_the_shell_never_change_the_planned_job(slurm_cluster, tmp_path: Path) -> None:
+    """``SBATCH_PARTITION``, ``SBATCH_TIMELIMIT`` and ``SBATCH_JOB_NAME`` left in the submitting shell (sbatch(1):
+    they beat ``#SBATCH`` lines) are named in one line and left out: the job runs in the planned partition, with
+    the planned limit and name."""
+    import os
+
+    from tests.helpers import USER_JOB, user_repo
+    from tests.test_slurm_tunnel import RECIPE, launch
+
+    repo, run = user_repo(tmp_path, RECIPE, USER_JOB), tmp_path / "run"
+    env = {**os.environ, "SBATCH_PARTITION": "low", "SBATCH_TIMELIMIT": "1", "SBATCH_JOB_NAME": "leftover"}
+    proc = launch(repo, env, "+slurm.wait=true", "+slurm.job_name=planned", f"hydra.run.dir={run}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    line = next(x for x in out.splitlines() if "SBATCH_PARTITION" in x)
+    assert "SBATCH_TIMELIMIT" in line and "SBATCH_JOB_NAME" in line and "set in this shell" in line, line
+    assert "--partition" in line and "--time" in line and "--job-name" in line, line
+    job_id = submission(run)["job_ids"][0]
+    deadline = time.monotonic() + 30
+    while (row := slurm_cluster.run("sacct", "-n", "-X", "-P", "-j", job_id, "-S", "now-1hours", "-o",
+                                    "JobName,Partition,Timelimit").stdout.split()) in ([], ["allocation||"]):
+        assert time.monotonic() < deadline, row  # (slurmdbd has the job's request a moment after it ran)
+        time.sleep(1)
+    assert row == ["planned|debug|00:10:00"], row

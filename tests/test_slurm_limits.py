@@ -104,10 +104,10 @@ def test_through_a_tunnel_the_login_nodes_answer_is_the_one_compared(tmp_path) -
     tunnel = ["slurm.tunnel.host=login.example.org", "slurm.tunnel.job_dir=/scratch/me/jobs", "slurm.snapshot=none"]
     cfg = config.load(compose_cfg(["launcher=slurm", "slurm.nodes=2", *tunnel], tmp_path))
     endpoint = Endpoint.of(cfg.slurm.tunnel)
-    login = slurm.Facts(cwd=tmp_path, remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", "/home/me", SINFO)})
+    login = slurm.Facts(remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", "/home/me", SINFO)})
     with pytest.raises(slurm_limits.Unfit, match="partition debug's nodes have at most 2"):
         slurm.Slurm().plan(cfg, JobSpec(tmp_path, "train"), login)
-    here_only = slurm.Facts(cwd=tmp_path, remote={endpoint: Probe("/usr/bin/sbatch", 1001, "")}, partitions=SINFO)
+    here_only = slurm.Facts(remote={endpoint: Probe("/usr/bin/sbatch", 1001, "")}, partitions=SINFO)
     assert slurm.Slurm().plan(cfg, JobSpec(tmp_path, "train"), here_only).request is not None  # not this machine's
 
 

@@ -220,3 +220,23 @@ def test_sbatch_export_args_refuses_a_bad_name() -> None:
 
 if __name__ == "__main__":  # print the golden script, for review and recording
     sys.stdout.write(golden_script())
+
+
+def test_an_sbatch_input_variable_of_a_planned_option_is_named_and_one_of_another_option_kept() -> None:
+    """sbatch(1): an ``SBATCH_*`` variable beats the script's ``#SBATCH`` line. Those of options the script sets
+    (and of the ones every plan decides: no array for one job, no --wait, stderr with --output) are named for
+    dropping; a site's variable of an option the script leaves alone (``SBATCH_ACCOUNT``, ``SBATCH_RESERVATION``)
+    is not, nor a variable that is no input of sbatch."""
+    from automodel_hydra.backends.slurm_script import SBATCH_INPUT_VARS, overridden
+
+    script = render_sbatch(directives=[("job-name", "mine"), ("time", 240), ("partition", "debug"), ("mem", "4G"),
+                                       ("requeue", True), ("output", "/r/slurm/%j.out")],
+                           setup=[], srun_args=[], command="true")
+    names = ["SBATCH_PARTITION", "SBATCH_TIMELIMIT", "SBATCH_JOB_NAME", "SBATCH_ACCOUNT", "SBATCH_RESERVATION",
+             "SBATCH_MEM_PER_CPU", "SBATCH_NO_REQUEUE", "SBATCH_ARRAY_INX", "SBATCH_WAIT", "SBATCH_ERROR",
+             "SBATCH_EXPORT", "SBATCH_NOT_A_VARIABLE", "PATH"]
+    assert dict(overridden(script, names)) == {
+        "SBATCH_ARRAY_INX": "array", "SBATCH_ERROR": "error", "SBATCH_JOB_NAME": "job-name",
+        "SBATCH_MEM_PER_CPU": "mem", "SBATCH_NO_REQUEUE": "requeue", "SBATCH_PARTITION": "partition",
+        "SBATCH_TIMELIMIT": "time", "SBATCH_WAIT": "wait"}
+    assert "SBATCH_EXPORT" not in SBATCH_INPUT_VARS and all(v.startswith("SBATCH_") for v in SBATCH_INPUT_VARS)

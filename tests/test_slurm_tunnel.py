@@ -147,7 +147,7 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
     """Submitted held, the recipe edited while the array pends, then released; the job that runs long is cancelled
     through the tunnel: the others run the submitted code, and status/report say what happened."""
     repo = user_repo(tmp_path)
-    remote, sweep = tmp_path / "remote", repo / "multirun" / "S"  # inside the submitting dir: relative there
+    remote, sweep = tmp_path / "remote", repo / "multirun" / "S"  # inside the submitting dir
     env = local_env(tmp_path)
     proc = launch(repo, env, "-m", *sshd.overrides(remote), "x=1,2,3", "+slurm.detach=true",
                   "+slurm.sbatch_args.hold=null", "hydra.sweep.dir=multirun/S")
@@ -155,7 +155,7 @@ def test_three_point_array_through_the_tunnel_runs_the_submitted_code(slurm_clus
     manifest = json.loads((sweep / "launch" / "manifest.json").read_text())
     ids = [job["job_ids"][0] for job in manifest["jobs"]]
     array = ids[0].split("_")[0]
-    node_sweep = remote / "multirun" / "S"
+    node_sweep = remote / sweep.relative_to("/")  # its absolute path under job_dir, whatever the submitting dir
     try:
         assert ids == [f"{array}_{i}" for i in range(3)]
         status = cli(env, "status", str(sweep), "--json")
@@ -229,7 +229,7 @@ def test_call_jobs_of_a_foreign_hydra_app_run_through_the_tunnel(slurm_cluster, 
                            "+x=1,2", "hydra.sweep.dir=multirun/C"], cwd=repo, env={**env, "PYTHONPATH": str(repo)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    node_sweep = remote / "multirun" / "C"
+    node_sweep = remote / sweep.relative_to("/")
     for i in (0, 1):
         ret = read_job_return(sweep / str(i) / "launch" / "call_result.pkl")  # fetched back
         value = ret.return_value

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests import ssh_server
-from tests.helpers import ROOT
+from tests.helpers import ROOT, git
 from tests.test_slurm_tunnel import cli, launch, local_env
 
 pytestmark = [pytest.mark.slurm]
@@ -386,5 +386,140 @@ def test_through_the_tunnel_our_records_answer_what_the_login_node_cannot(slurm_
         assert logs.returncode == 0 and "recipe submitted on rank 0 of 1" in logs.stdout, logs.stderr
         rows = json.loads(cli(env, "status", str(sweep), "--json").stdout)
         assert [r["state"] for r in rows] == ["CANCELLED", "CANCELLED"], rows
+    finally:
+        slurm_cluster.cancel_left([array])
+
+
+# ----------------------------------------------------------------------------------------------- a tcsh login shell
+
+
+@pytest.fixture(scope="module")
+def tcsh_login(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[Login]:
+    """A login user whose shell is tcsh (scripts/install-slurm-deps installs it), whose ``~/.cshrc`` greets and
+    sets ``SBATCH_TIMELIMIT`` and ``SBATCH_JOB_NAME``, as a site's or an old session's startup file may."""
+    if os.geteuid() != 0:
+        pytest.skip("a second login user is made with useradd, which needs root")
+    tcsh, python = shutil.which("tcsh"), _interpreter()
+    if tcsh is None or shutil.which("useradd") is None or python is None:
+        missing = "tcsh (scripts/install-slurm-deps)" if tcsh is None else "useradd and a python outside /root"
+        if os.environ.get("CI"):
+            pytest.fail(f"needs {missing}")
+        pytest.skip(f"needs {missing}")
+    name = f"amc{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "-m", "-d", f"/home/{name}", "-s", tcsh, "-p", "*", name], check=True)
+    try:
+        home = Path(pwd.getpwnam(name).pw_dir)
+        (home / ".cshrc").write_text(f'echo "{GREETING}"\nsetenv SBATCH_TIMELIMIT 1\nsetenv SBATCH_JOB_NAME leftover\n')
+        (home / "venv" / "bin").mkdir(parents=True)
+        (home / "venv" / "bin" / "python").write_text(
+            f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{SITE}"\nexec {python} "$@"\n')
+        (home / "venv" / "bin" / "python").chmod(0o755)
+        subprocess.run(["chown", "-R", f"{name}:", str(home)], check=True)
+        server, proc = ssh_server.start(tmp_path_factory.mktemp("sshd-tcsh"), users=[name])
+        try:
+            yield Login(name, home, server)
+        finally:
+            ssh_server.stop(proc)
+    finally:
+        subprocess.run(["userdel", "--force", "--remove", name], check=False, capture_output=True)
+
+
+def test_a_tcsh_login_with_home_fields_and_leftover_sbatch_variables(slurm_cluster, tcsh_login: Login,
+                                                                      tmp_path: Path) -> None:
+    """A tcsh login shell parses every remote command (a multi-line single-quoted script is "Unmatched '''" in
+    csh); ``$HOME`` in ``job_dir`` and ``python`` is the login user's home, not this machine's; the login shell's
+    ``SBATCH_TIMELIMIT`` / ``SBATCH_JOB_NAME`` are named in one line and left out, so the job gets the planned
+    ``--time`` and ``--job-name``."""
+    repo, run = repo_of(tmp_path), tmp_path / "run"
+    env = {**local_env(tmp_path), "HOME": "/root"}
+    proc = launch(repo, env, *tcsh_login.overrides(job_dir="$HOME/jobs", python="$HOME/venv/bin/python"),
+                  "+slurm.wait=true", "+slurm.job_name=planned", f"hydra.run.dir={run}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "Unmatched" not in out and "bug" not in out
+    there = tcsh_login.home / "jobs" / run.relative_to("/")
+    assert json.loads((there / "result.json").read_text())["version"] == "submitted"
+    assert json.loads((run / "result.json").read_text())["version"] == "submitted"
+    script = (run / "launch" / "sbatch.sh").read_text()
+    assert f"export AUTOMODEL_JOB_DIR={there}\n" in script
+    assert f"{tcsh_login.python} -u -m automodel_hydra.worker" in script
+    assert "/root" not in script
+    line = next(x for x in out.splitlines() if "SBATCH_TIMELIMIT" in x)
+    assert "SBATCH_JOB_NAME" in line and "--time" in line and "--job-name" in line and "login shell" in line, line
+    (job_id,) = json.loads((run / "launch" / "submission.json").read_text())["job_ids"]
+    deadline = time.monotonic() + 30
+    while (row := slurm_cluster.run("sacct", "-n", "-X", "-P", "-j", job_id, "-S", "now-1hours",  # (ids are reused)
+                                    "-o", "JobName,Timelimit").stdout.split()) in ([], ["allocation|"]):
+        assert time.monotonic() < deadline, row  # (slurmdbd has the job's request a moment after it ran)
+        time.sleep(1)
+    assert row == ["planned|00:10:00"], row
+    status = cli(env, "status", str(run), "--json")
+    assert [r["state"] for r in json.loads(status.stdout)] == ["COMPLETED"], status.stderr
+
+
+# ----------------------------------------------------------------------------------------------- another cwd
+
+
+RESUMING = '''
+import os
+import time
+
+
+def main(cfg, dist, should_stop):
+    mark = os.path.join(os.environ["AUTOMODEL_JOB_DIR"], "attempted")  # the job dir, where the ranks run
+    seen = os.path.exists(mark)
+    open(mark, "w").close()
+    if cfg.x == 1 and not seen:  # the member the test cancels while it runs
+        time.sleep(300)
+    return {{"loss": 0.0, "seen": seen, "x": cfg.x}}
+'''
+
+
+def test_a_sweep_resumed_from_another_dir_continues_in_its_own_dirs_there(slurm_cluster, sshd,
+                                                                          tmp_path: Path) -> None:
+    """A sweep submitted from ``a/`` of a repo with ``hydra.sweep.dir=S``, one member cancelled while it runs,
+    then the same sweep run again from ``b/`` (``hydra.sweep.dir=../a/S``): the member runs again in the dir it
+    ran in on the login node (it finds what its first attempt wrote), the finished one is kept."""
+    from tests import helpers
+
+    repo = helpers.user_repo(tmp_path, RESUMING, helpers.USER_JOB.replace("my_pkg.train:main", "resrec:main"))
+    for sub in ("a", "b"):  # the recipe module beside each submitting dir (tasks import the snapshot's copy of it)
+        (repo / sub).mkdir()
+        (repo / sub / "resrec.py").write_text(RESUMING.format())
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "two submitting dirs")
+    env, remote, sweep = local_env(tmp_path), tmp_path / "remote", repo / "a" / "S"
+    tunnel = sshd.overrides(remote)
+
+    def run(cwd: Path, sweep_dir: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(repo), "--config-name",
+                               "job", "-m", *tunnel, "x=1,2", f"hydra.sweep.dir={sweep_dir}", *more], cwd=cwd,
+                              env={**env, "PYTHONPATH": str(cwd)}, capture_output=True, text=True, timeout=300)
+
+    first = run(repo / "a", "S", "+slurm.detach=true")  # (returns once the array is queued)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    there = remote / sweep.relative_to("/")
+    array = json.loads((sweep / "0" / "launch" / "submission.json").read_text())["job_ids"][0].split("_")[0]
+    try:
+        deadline = time.monotonic() + 120
+        while not ((there / "0" / "attempted").exists() and (there / "1" / "result.json").exists()):
+            assert time.monotonic() < deadline, sorted(str(p) for p in remote.rglob("*"))[:40]
+            time.sleep(1)
+        assert "was RUNNING" in cli(env, "cancel", str(sweep), "0").stdout
+        slurm_cluster.wait_gone(f"{array}_0", timeout=60)
+        again = run(repo / "b", "../a/S", "+slurm.detach=true")
+        assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+        assert "running again: 1" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
+        deadline = time.monotonic() + 120
+        while not (there / "0" / "result.json").exists():
+            assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in sorted(
+                (there / "slurm").glob("*_0_0_log.out"), key=os.path.getmtime)][-1:]
+            time.sleep(1)
+        rows = json.loads(cli(env, "status", str(sweep), "--json").stdout)  # (copies the results back)
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        result = json.loads((sweep / "0" / "result.json").read_text())
+        assert (result["seen"], result["x"]) == (True, 1), result
+        assert json.loads((there / "0" / "result.json").read_text())["seen"] is True
+        assert not (remote / "S").exists()
     finally:
         slurm_cluster.cancel_left([array])

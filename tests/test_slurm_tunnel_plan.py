@@ -39,10 +39,11 @@ def test_a_bad_tunnel_field_is_one_line_naming_it(override: str, key: str) -> No
     assert str(e.value).startswith(f"{key}=") and "\n" not in str(e.value)
 
 
-def test_run_dirs_keep_their_path_under_job_dir() -> None:
-    assert remote_path(CWD / "multirun/S/0", CWD, "/scratch/jobs") == PurePosixPath("/scratch/jobs/multirun/S/0")
-    assert remote_path("/tmp/elsewhere/run", CWD, "/scratch/jobs") == PurePosixPath("/scratch/jobs/tmp/elsewhere/run")
-    assert remote_path(CWD, CWD, "/scratch/jobs") == PurePosixPath("/scratch/jobs")
+def test_run_dirs_keep_their_absolute_path_under_job_dir() -> None:
+    there = PurePosixPath("/scratch/jobs/home/me/proj/multirun/S/0")
+    assert remote_path(CWD / "multirun/S/0", "/scratch/jobs") == there
+    assert remote_path("/tmp/elsewhere/run", "/scratch/jobs") == PurePosixPath("/scratch/jobs/tmp/elsewhere/run")
+    assert remote_path("/tmp/a/../b", "/scratch/jobs") == PurePosixPath("/scratch/jobs/tmp/b")
 
 
 def test_the_script_names_the_login_nodes_paths_and_python() -> None:
@@ -50,14 +51,14 @@ def test_the_script_names_the_login_nodes_paths_and_python() -> None:
     job = JobSpec(CWD / "outputs" / "run", "train", code_dir=CWD / "outputs" / "run" / "launch" / "code")
     source = Source("git", CWD, CWD, Path("/site-packages"), "abc123" * 7, False, ("train.py",), 10)
     endpoint = Endpoint.of(cfg.slurm.tunnel)
-    facts = slurm.Facts(snapshots={("auto", 200.0): source}, cwd=CWD,
+    facts = slurm.Facts(snapshots={("auto", 200.0): source},
                         remote={endpoint: Probe("/usr/bin/sbatch", 1001, "")})
     plan = slurm.Slurm().plan(cfg, job, facts)
     text = plan.files["sbatch.sh"]
-    node = "/scratch/me/jobs/outputs/run"
+    node = "/scratch/me/jobs/home/me/proj/outputs/run"
     assert f"export AUTOMODEL_JOB_DIR={node}\n" in text
     assert f"#SBATCH --output={node}/slurm/%j_0_log.out" in text
-    assert f"{node}/launch/code/src" in text and str(CWD) + "/outputs" not in text.replace("AUTOMODEL_CODE_ROOT", "")
+    assert f"{node}/launch/code/src" in text and str(CWD) + "/outputs" not in text.replace(node, "")
     assert f"cd {node}/launch/code/src  # slurm.tunnel" in text
     assert "/opt/venv/bin/python -u -m automodel_hydra.worker" in text
     assert plan.request.cluster.endpoint is not None
@@ -68,9 +69,10 @@ def test_the_script_names_the_login_nodes_paths_and_python() -> None:
 
 def test_without_a_snapshot_the_ranks_use_the_clusters_install() -> None:
     cfg = load("slurm.snapshot=none")
-    text = slurm.Slurm().plan(cfg, JobSpec(CWD / "outputs" / "run", "train"), slurm.Facts(cwd=CWD)).files["sbatch.sh"]
+    text = slurm.Slurm().plan(cfg, JobSpec(CWD / "outputs" / "run", "train"), slurm.Facts()).files["sbatch.sh"]
     assert "automodel_hydra is expected to be installed on the cluster" in text
-    assert "python -u -m automodel_hydra.worker" in text and "cd /scratch/me/jobs/outputs/run  # slurm.tunnel" in text
+    assert "python -u -m automodel_hydra.worker" in text
+    assert "cd /scratch/me/jobs/home/me/proj/outputs/run  # slurm.tunnel" in text
 
 
 @pytest.mark.parametrize(("stderr", "field", "words"), [
@@ -88,7 +90,7 @@ def test_a_failed_login_names_which(stderr: str, field: str, words: str) -> None
 def _plan(*overrides: str, home: str | None = "/home/me", job: JobSpec | None = None) -> slurm.Plan[slurm.Request]:
     cfg = load(*overrides)
     endpoint = Endpoint.of(cfg.slurm.tunnel)
-    facts = slurm.Facts(cwd=CWD, remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", home)})
+    facts = slurm.Facts(remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", home)})
     return slurm.Slurm().plan(cfg, job or JobSpec(CWD / "outputs" / "run", "train"), facts)
 
 
@@ -98,10 +100,10 @@ def test_the_ranks_spec_is_planned_with_the_login_nodes_paths() -> None:
     import yaml
 
     plan = _plan("slurm.snapshot=none", f"checkpoint.dir={CWD}/outputs/run/ckpt")
-    node = "/scratch/me/jobs/outputs/run"
+    node = "/scratch/me/jobs/home/me/proj/outputs/run"
     spec = yaml.safe_load(plan.files["job.tunnel.yaml"])
     assert spec["output_dir"] == node and spec["checkpoint"]["dir"] == f"{node}/ckpt"
-    assert str(CWD / "outputs") not in plan.files["job.tunnel.yaml"].split("\n", 1)[1]
+    assert str(CWD / "outputs") not in plan.files["job.tunnel.yaml"].split("\n", 1)[1].replace(node, "")
     assert '-m automodel_hydra.worker "$AUTOMODEL_JOB_DIR"/launch/job.tunnel.yaml' in plan.files["sbatch.sh"]
     local = slurm.Slurm().plan(config.load(compose_cfg(["launcher=slurm", "slurm.snapshot=none"], CWD / "o")),
                                JobSpec(CWD / "o", "train"))
@@ -111,7 +113,7 @@ def test_the_ranks_spec_is_planned_with_the_login_nodes_paths() -> None:
 def test_a_tilde_in_job_dir_and_python_is_the_login_nodes_home() -> None:
     plan = _plan("slurm.tunnel.job_dir='~/jobs'", "slurm.tunnel.python='~/venv/bin/python'", "slurm.snapshot=none")
     text = plan.files["sbatch.sh"]
-    assert "export AUTOMODEL_JOB_DIR=/home/me/jobs/outputs/run\n" in text
+    assert "export AUTOMODEL_JOB_DIR=/home/me/jobs/home/me/proj/outputs/run\n" in text
     assert "/home/me/venv/bin/python -u -m automodel_hydra.worker" in text and "~" not in text
     with pytest.raises(ConfigError, match=r"^slurm.tunnel.job_dir='~/jobs' is invalid: .*login node's home"):
         _plan("slurm.tunnel.job_dir='~/jobs'", home=None)
@@ -182,3 +184,97 @@ def test_reconnecting_backs_off_and_gives_up_within_its_budget() -> None:
     lost = reconnect([endpoint], 10.0, sleep=slept.append, clock=lambda: sum(slept))
     assert isinstance(lost, TunnelError) and "Connection refused" in said(lost)
     assert slept == [1.0, 2.0, 4.0]  # the next wait (8 s) would pass the 10 s budget: it gives up instead
+
+
+@pytest.mark.parametrize("written", ["$HOME", "${HOME}"])
+def test_home_in_a_login_node_field_is_the_login_nodes_home_not_this_shells(written: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$HOME`` / ``${HOME}`` in ``slurm.tunnel.job_dir`` and ``slurm.tunnel.python`` is read as ``~`` is there:
+    the login node's home (its preflight answer), never this shell's ``$HOME``; ``HOME`` elsewhere in such a
+    field is one line that names no local path."""
+    monkeypatch.setenv("HOME", "/local/home/of/this/machine")
+    plan = _plan(f"slurm.tunnel.job_dir='{written}/jobs'", f"slurm.tunnel.python='{written}/venv/bin/python'",
+                 f"+slurm.hf_home='{written}/hf'", "slurm.snapshot=none")
+    text = plan.files["sbatch.sh"]
+    assert "export AUTOMODEL_JOB_DIR=/home/me/jobs/" in text, text
+    assert "/home/me/venv/bin/python -u -m automodel_hydra.worker" in text
+    assert 'HF_HOME="$HOME"/hf' in text, [line for line in text.splitlines() if "HF_HOME" in line]
+    assert "/local/home" not in text
+    with pytest.raises(ConfigError) as e:
+        load(f"slurm.tunnel.job_dir='/scratch{written}/jobs'")
+    assert str(e.value).startswith("slurm.tunnel.job_dir=") and "/local/home" not in str(e.value)
+    assert "login node" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_dirs_place_on_the_login_node_does_not_depend_on_the_submitting_dir(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same local run dir, planned from three submitting dirs (its parent, a sibling, /): one dir there."""
+    cfg = load("slurm.snapshot=none")
+    endpoint = Endpoint.of(cfg.slurm.tunnel)
+    seen = set()
+    for cwd in ("/tmp", "/usr", "/"):
+        monkeypatch.chdir(cwd)
+        facts = slurm.Facts(remote={endpoint: Probe("/usr/bin/sbatch", 1001, "", "/home/me")})
+        text = slurm.Slurm().plan(cfg, JobSpec(Path("/tmp/tr/t5"), "train"), facts).files["sbatch.sh"]
+        seen.add(next(line for line in text.splitlines() if line.startswith("export AUTOMODEL_JOB_DIR=")))
+    assert seen == {"export AUTOMODEL_JOB_DIR=/scratch/me/jobs/tmp/tr/t5"}, seen
+
+
+def test_a_stop_line_names_the_login_nodes_checkpoints_never_none_here() -> None:
+    """A tunnel job stopped while its launcher waits: its ranks checkpoint on the login node, so the stop line
+    names that dir there (``user@host:PATH``), not "no checkpoint yet in" this machine's dir."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobResult, JobStoppedError, Submission
+    from automodel_hydra.states import JobState
+
+    plan = _plan("slurm.snapshot=none")
+    cfg = load("slurm.snapshot=none")
+    stopped = driver.Outcome(driver.Prepared(cfg, plan.job, False), Submission(plan, slurm.SlurmRef("42")),
+                             JobResult(JobState.CANCELLED))
+    with pytest.raises(JobStoppedError) as e:
+        stopped.value()
+    line = str(e.value)
+    assert "me@login.example.org:/scratch/me/jobs/home/me/proj/outputs/run/checkpoints" in line, line
+    assert "no checkpoint yet" not in line and "\n" not in line
+
+
+def test_a_failed_slurm_jobs_line_names_its_log_once(tmp_path: Path) -> None:
+    """The command's line for a failed Slurm job names the job and its log once (the result's own error said
+    them again: "(log X) (log: X)")."""
+    from automodel_hydra import driver
+    from automodel_hydra.plan import JobFailedError, Submission
+    from automodel_hydra.states import JobState
+
+    cfg = load("slurm.snapshot=none", output_dir=tmp_path / "run")
+    job = JobSpec(tmp_path / "run", "train")
+    plan = slurm.Slurm().plan(cfg, job, slurm.Facts(remote={Endpoint.of(cfg.slurm.tunnel): Probe(
+        "/usr/bin/sbatch", 1001, "", "/home/me")}))
+    log = f"me@login.example.org:/scratch/me/jobs{tmp_path}/run/slurm/42_0_log.out"
+    sub = Submission(plan, slurm.SlurmRef("42"), log_path=log)
+    failed = driver.Outcome(driver.Prepared(cfg, job, False), sub, slurm._result(sub, JobState.FAILED))
+    with pytest.raises(JobFailedError) as e:
+        failed.value()
+    line = str(e.value)
+    assert line.count(log) == 1 and line.count("job 42") == 1, line
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash", "tcsh"])
+def test_a_remote_command_line_means_the_same_script_in_every_login_shell(shell: str) -> None:
+    """What sshd hands the login shell (``$SHELL -c LINE``) runs the script as sh would, quotes, ``!``, ``%``,
+    backslashes and newlines included (tcsh: "Unmatched '''" for a multi-line single-quoted script)."""
+    import os
+    import shutil
+    import subprocess
+
+    from automodel_hydra.backends.slurm_tunnel import sh
+
+    if shutil.which(shell) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{shell} is missing (scripts/install-slurm-deps installs tcsh)")
+        pytest.skip(f"no {shell} here (scripts/install-slurm-deps installs tcsh)")
+    script = ("printf '%s|\\n' \"a  b\" 'it''s' \"100%\" '!x' 'c:\\\\d'\n"
+              "for p in /jobs/* ; do :; done; echo \"$((6*7))\"")
+    want = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    got = subprocess.run([shell, "-c", sh(script)], capture_output=True, text=True)
+    assert (got.returncode, got.stdout, got.stderr) == (0, want, ""), got
+    assert "\n" not in sh(script) and "!" not in sh(script)

@@ -88,8 +88,7 @@ class Facts:
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
     #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
     snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
-    #: ``slurm.tunnel``: the submitting dir, and what each login node answered (:func:`slurm_transport.probe`)
-    cwd: Path | None = None
+    #: ``slurm.tunnel``: what each login node answered (:func:`slurm_transport.probe`)
     remote: tp.Mapping[Endpoint, Probe] = dataclasses.field(default_factory=dict)
     partitions: str = ""
 
@@ -174,7 +173,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         sizes = [p.max_array_size or DEFAULT_MAX_ARRAY_SIZE for p in remote.values()]
         answer = probe(HERE) if here or not sizes else Probe(None, None, "")
         sizes += [answer.max_array_size or DEFAULT_MAX_ARRAY_SIZE] if here or not sizes else []
-        return Facts(min(sizes), snapshots, Path.cwd() if remote else None, remote, answer.partitions)
+        return Facts(min(sizes), snapshots, remote, answer.partitions)
 
     def world_size(self, cfg: TrainConfig, facts: Facts | None = None) -> int:
         assert cfg.slurm is not None
@@ -209,8 +208,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         assert sc is not None
         facts = facts or Facts()
         tunnel = sc.ssh
-        cluster = Cluster.of(tunnel, sys.executable, facts.cwd,
-                             facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None else None)
+        cluster = Cluster.of(tunnel, sys.executable, facts.remote.get(Endpoint.of(tunnel)) if tunnel else None)
         ranks_job = cluster.job(job)
         request = plan_request(cfg, ranks_job, facts.snapshots.get((sc.snapshot, sc.snapshot_max_mb)), cluster)
         answer = facts.remote.get(Endpoint.of(tunnel)) if tunnel is not None else None  # (its Probe.partitions)
@@ -260,7 +258,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
                  dirs=[_there(cluster, root / "slurm"), *(tmp / "src" for tmp, _ in renames)], renames=renames)
         stamps = [error_stamps(p.job) for p in batch.plans]  # what an earlier launch left (rank_error)
         started = time.time()
-        job_id = _sbatch(link, _there(cluster, script), first.request)
+        job_id = _sbatch(link, _there(cluster, script), first.request, batch.files[script])
         tasks = slurm_script.script_task_ids(batch.files[script]) if array else [0] * len(batch.plans)
         subs = []
         for i, p, stamp in zip(tasks, batch.plans, stamps):
@@ -355,6 +353,10 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
             return transport(ref.endpoint).read_from(there, pos) if there else None
         except (ConnectionLost, TunnelError):
             return read_from(copy, pos) if copy else None
+
+    def ranks_path(self, plan: Plan[Request], path: Path) -> str | None:
+        """:meth:`Cluster.ranks_path` (None on this machine's cluster, or for a plan without a request)."""
+        return plan.request.cluster.ranks_path(plan.job, path) if plan.request is not None else None
 
     def fetch_results(self, jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:
         """Copy back :data:`FETCHED` and the rank-0 log of jobs that ran where this machine cannot read (through
@@ -499,10 +501,12 @@ def _snapshot(plan: Plan[Request], cluster: Cluster
 _SNAPSHOTS: dict[tuple[Endpoint | None, str], dict[str, tp.Any]] = {}
 
 
-def _sbatch(link: Transport, script: PurePosixPath, request: Request) -> str:
+def _sbatch(link: Transport, script: PurePosixPath, request: Request, text: str) -> str:
     """``sbatch --parsable SCRIPT`` through ``link``, with the ``--export`` a site's SBATCH_EXPORT needs so that the
     job sees ``request.env_refs``, whose values of the submitting shell reach sbatch's environment through the
-    transport (never on a command line or in a file). Returns the job id: what ``--parsable`` printed, else (a
+    transport (never on a command line or in a file), and without the ``SBATCH_*`` variables that would override
+    the script's (``text``) options (:func:`slurm_script.overridden`, named in one line). Returns the job id:
+    what ``--parsable`` printed, else (a
     site's wrapper that prints more, or other words) the job ``squeue`` lists for the script; "" when sbatch
     queued the job (exit 0) and neither says which (the job is recorded all the same). Raises SubmitError with
     sbatch's own message, PreflightError when ``link`` has no sbatch."""
@@ -510,9 +514,14 @@ def _sbatch(link: Transport, script: PurePosixPath, request: Request) -> str:
     export = request.cluster.sbatch_export
     site = os.environ if export is None else {"SBATCH_EXPORT": export}
     argv = ["sbatch", "--parsable", *sbatch_export_args(site, request.env_refs), str(script)]
+    there = request.cluster.sbatch_vars
+    dropped = slurm_script.overridden(text, os.environ if there is None else there)
+    if dropped:
+        log.warning("%s", slurm_script.dropped_line(dropped, None if there is None else link.where))
     try:
         out = link.run(argv, env={n: os.environ[n] for n in names}, timeout=120,
-                       cwd=None if request.cluster.local_paths else str(script.parent))
+                       cwd=None if request.cluster.local_paths else str(script.parent),
+                       unset=[v for v, _ in dropped])
     except ValueError as e:  # a value that cannot be sent
         raise SubmitError(str(e)) from None
     except ConnectionLost as e:  # sbatch may have queued the job: ask once the login node answers again
@@ -594,5 +603,5 @@ def _result(sub: Submission[SlurmRef], state: JobState) -> JobResult:
     if verdict.why is None and copy and Path(copy).exists():  # nothing else says why: the log's last lines
         tail = "\n" + "\n".join(Path(copy).read_text(errors="replace").splitlines()[-30:])
     why = "; ".join(x for x in (verdict.why, f"Slurm state {state.value}", restarts) if x)
-    return JobResult(verdict.state, error=f"job {sub.ref.job_id}: {why} (log {sub.log_path}){tail}",
+    return JobResult(verdict.state, error=f"{why}{tail}",  # (the command's line names the job and its log)
                      traceback=verdict.traceback)

@@ -112,32 +112,34 @@ TUNNEL_JOB_FILE = "job.tunnel.yaml"
 class Cluster:
     """Where planned jobs are submitted and live (pure). ``endpoint`` None: this machine, whose nodes see its paths
     as they are. Else the login node of ``slurm.tunnel`` (docs/remote.md): each local run dir is ``job_dir`` plus
-    its path relative to ``local_root`` (the submitting dir; :func:`slurm_tunnel.remote_path`).
+    its absolute path here (:func:`slurm_tunnel.remote_path`), whatever dir the command runs from.
 
     ``python`` is the ranks' interpreter on bare metal; ``sbatch_export`` the ``SBATCH_EXPORT`` that ``sbatch``
-    sees there (None: the submitting shell's own, read where sbatch runs); ``reconnect_timeout_s`` how long a
+    sees there (None: the submitting shell's own, read where sbatch runs), ``sbatch_vars`` likewise the names of
+    the ``SBATCH_*`` variables set there; ``reconnect_timeout_s`` how long a
     launcher following the jobs tries to reach the login node again."""
 
     endpoint: Endpoint | None = None
     job_dir: str = ""
-    local_root: Path = Path("/")
     python: str = "python"
     sbatch_export: str | None = None
     reconnect_timeout_s: float = 0.0
+    #: the ``SBATCH_*`` variables set where sbatch runs (names; None: this machine's, read when it runs)
+    sbatch_vars: tuple[str, ...] | None = None
 
     @classmethod
-    def of(cls, tc: TunnelConfig | None, python_here: str, cwd: Path | None = None,
-           answered: Probe | None = None) -> Cluster:
+    def of(cls, tc: TunnelConfig | None, python_here: str, answered: Probe | None = None) -> Cluster:
         """The cluster of a ``slurm.tunnel`` section (None: this machine, whose ranks run ``python_here``), from
-        the submitting dir ``cwd`` and what the login node answered at preflight: a ``~`` in ``job_dir`` or
+        what the login node answered at preflight: a ``~`` in ``job_dir`` or
         ``python`` is the login node's ``$HOME``. Raises ConfigError naming the field when that home is not known
         (planned without a preflight, or the login shell has no ``$HOME``)."""
         if tc is None:
             return cls(python=python_here)
         home = answered.home if answered is not None else None
-        return cls(Endpoint.of(tc), _there_home(tc.job_dir, home, "slurm.tunnel.job_dir"), cwd or Path("/"),
+        return cls(Endpoint.of(tc), _there_home(tc.job_dir, home, "slurm.tunnel.job_dir"),
                    _there_home(tc.python, home, "slurm.tunnel.python"),
-                   answered.sbatch_export if answered is not None else "", tc.reconnect_timeout_s)
+                   answered.sbatch_export if answered is not None else "", tc.reconnect_timeout_s,
+                   answered.sbatch_vars if answered is not None else ())
 
     @property
     def local_paths(self) -> bool:
@@ -152,13 +154,23 @@ class Cluster:
 
     def path(self, local: Path | str) -> Path:
         """The cluster's path of a local run dir or of a path in it (this machine: the path itself)."""
-        return Path(local) if self.local_paths else Path(str(remote_path(local, self.local_root, self.job_dir)))
+        return Path(local) if self.local_paths else Path(str(remote_path(local, self.job_dir)))
 
     def job(self, job: JobSpec) -> JobSpec:
         """``job`` with the paths the ranks see: its dirs on the cluster."""
         return dataclasses.replace(job, job_dir=self.path(job.job_dir),
                                    workdir=self.path(job.workdir) if job.workdir is not None else None,
                                    code_dir=self.path(job.code_dir) if job.code_dir is not None else None)
+
+    def ranks_path(self, job: JobSpec, path: Path) -> str | None:
+        """Where the ranks of ``job`` write ``path`` through ``slurm.tunnel``: ``user@host:PATH`` there (a path in
+        the job's dir, or a sweep job's sweep dir, is the cluster's copy of it, as :func:`tunnel_spec` plans it;
+        any other is the cluster's own, as written); None on this machine's cluster (the nodes share its paths)."""
+        if self.endpoint is None:
+            return None
+        roots = [job.job_dir, *([job.job_dir.parent] if job.job_num is not None else [])]
+        inside = any(path == root or root in path.parents for root in roots)
+        return f"{self.endpoint.destination}:{self.path(path) if inside else path}"
 
     def code_record(self, source: Source, code_dir: Path) -> dict[str, tp.Any]:
         """What a submission record says of the snapshot the jobs run (at ``code_dir`` there), and on which host."""

@@ -253,7 +253,68 @@ def sbatch_export_args(environ: tp.Mapping[str, str], names: tp.Sequence[str]) -
     return ["--export=" + ",".join([*kept, *(n for n in dict.fromkeys(names) if n not in listed)])]
 
 
+#: sbatch's input environment variables and the options each one sets (sbatch(1) of Slurm 22.05, "INPUT ENVIRONMENT
+#: VARIABLES": "Environment variables will override any options set in a batch script, and command line options
+#: will override any environment variables"), with the options it clashes with (``--mem`` and ``--mem-per-cpu``
+#: exclude each other, as ``--requeue`` and ``--no-requeue`` do). Left out: ``SBATCH_EXPORT`` (a site's choice,
+#: kept and read by :func:`sbatch_export_args`), the ones of no option a script sets (``SBATCH_DEBUG``,
+#: ``SBATCH_GET_USER_ENV``, ``SBATCH_IGNORE_PBS``, ``SBATCH_BATCH``), and ``SLURM_CLUSTERS``/``SLURM_HINT``, which
+#: never reach sbatch (:func:`automodel_hydra.backends.slurm_transport.submit_env` drops every ``SLURM_*``, as it
+#: drops ``SRUN_*``; srun's options in the script are on its command line, which beats its input variables, and
+#: ``SALLOC_*`` are read by salloc alone, which no plan runs).
+SBATCH_INPUT_VARS: dict[str, tuple[str, ...]] = {
+    "SBATCH_ACCOUNT": ("account",), "SBATCH_ACCTG_FREQ": ("acctg-freq",), "SBATCH_ARRAY_INX": ("array",),
+    "SBATCH_CLUSTERS": ("clusters",), "SBATCH_CONSTRAINT": ("constraint",), "SBATCH_CONTAINER": ("container",),
+    "SBATCH_CORE_SPEC": ("core-spec",), "SBATCH_CPUS_PER_GPU": ("cpus-per-gpu", "cpus-per-task"),
+    "SBATCH_DELAY_BOOT": ("delay-boot",), "SBATCH_DISTRIBUTION": ("distribution",), "SBATCH_ERROR": ("error",),
+    "SBATCH_EXCLUSIVE": ("exclusive",), "SBATCH_GPU_BIND": ("gpu-bind",), "SBATCH_GPU_FREQ": ("gpu-freq",),
+    "SBATCH_GPUS": ("gpus", "gpus-per-node"), "SBATCH_GPUS_PER_NODE": ("gpus-per-node",),
+    "SBATCH_GPUS_PER_TASK": ("gpus-per-task", "gpus-per-node"), "SBATCH_GRES": ("gres",),
+    "SBATCH_GRES_FLAGS": ("gres-flags",), "SBATCH_HINT": ("hint",), "SBATCH_INPUT": ("input",),
+    "SBATCH_JOB_NAME": ("job-name",), "SBATCH_MEM_BIND": ("mem-bind",),
+    "SBATCH_MEM_PER_CPU": ("mem-per-cpu", "mem", "mem-per-gpu"),
+    "SBATCH_MEM_PER_GPU": ("mem-per-gpu", "mem", "mem-per-cpu"),
+    "SBATCH_MEM_PER_NODE": ("mem", "mem-per-cpu", "mem-per-gpu"), "SBATCH_NETWORK": ("network",),
+    "SBATCH_NO_KILL": ("no-kill",), "SBATCH_NO_REQUEUE": ("no-requeue", "requeue"),
+    "SBATCH_OPEN_MODE": ("open-mode",), "SBATCH_OUTPUT": ("output",), "SBATCH_OVERCOMMIT": ("overcommit",),
+    "SBATCH_PARTITION": ("partition",), "SBATCH_POWER": ("power",), "SBATCH_PROFILE": ("profile",),
+    "SBATCH_QOS": ("qos",), "SBATCH_REQ_SWITCH": ("switches",), "SBATCH_REQUEUE": ("requeue", "no-requeue"),
+    "SBATCH_RESERVATION": ("reservation",), "SBATCH_SIGNAL": ("signal",), "SBATCH_SPREAD_JOB": ("spread-job",),
+    "SBATCH_THREAD_SPEC": ("thread-spec",), "SBATCH_THREADS_PER_CORE": ("threads-per-core",),
+    "SBATCH_TIMELIMIT": ("time",), "SBATCH_USE_MIN_NODES": ("use-min-nodes",), "SBATCH_WAIT": ("wait",),
+    "SBATCH_WAIT_ALL_NODES": ("wait-all-nodes",), "SBATCH_WAIT4SWITCH": ("switches",), "SBATCH_WCKEY": ("wckey",),
+}
+#: Options a plan decides even where its script writes none: a single job is no array, sbatch returns once the job
+#: is queued (the launcher follows it itself), and the batch step's stderr goes where ``--output`` says.
+DECIDED = ("array", "wait", "error")
+_DIRECTIVE = re.compile(r"#SBATCH\s+--([a-z][a-z0-9-]*)")
+
+
+def overridden(script: str, names: tp.Iterable[str]) -> list[tuple[str, str]]:
+    """``(variable, option)`` for each of ``names`` (the variables set where sbatch runs) that would override an
+    option the batch ``script`` sets in an ``#SBATCH`` line, or one of :data:`DECIDED` (:data:`SBATCH_INPUT_VARS`);
+    in the table's order. Such a variable is kept out of sbatch's environment, so the job gets what the plan (and
+    a dry run) shows; a variable of an option the script does not set (a site's ``SBATCH_ACCOUNT``) is not."""
+    planned = {m.group(1) for line in script.splitlines() if (m := _DIRECTIVE.match(line))} | set(DECIDED)
+    present = set(names)
+    return [(var, next(o for o in options if o in planned)) for var, options in SBATCH_INPUT_VARS.items()
+            if var in present and any(o in planned for o in options)]
+
+
+def dropped_line(dropped: tp.Sequence[tuple[str, str]], login: str | None) -> str:
+    """The one line naming the :func:`overridden` variables left out of sbatch's environment in this shell
+    (``login`` None), or in the login shell of ``login`` (``me@login``)."""
+    side = "this shell" if login is None else f"the login shell of {login}"
+    return (f"{', '.join(v for v, _ in dropped)}, set in {side}, would override the planned "
+            f"{', '.join(dict.fromkeys(f'--{o}' for _, o in dropped))} (sbatch(1): input variables beat #SBATCH "
+            "lines): left out of sbatch's environment, so the job gets what the plan shows")
+
+
 __all__ = [
+    "DECIDED",
+    "SBATCH_INPUT_VARS",
+    "dropped_line",
+    "overridden",
     "PATTERN_OPTIONS",
     "SBATCH_HINTS",
     "SRUN_EXPORT_ARGS",

@@ -76,9 +76,10 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def run(self, argv: tp.Sequence[str], *, env: tp.Mapping[str, str] | None = None, cwd: str | None = None,
-            timeout: float = 120.0) -> Output:
+            timeout: float = 120.0, unset: tp.Sequence[str] = ()) -> Output:
         """Run ``argv`` (``argv[0]`` looked up on that side's PATH) in ``cwd`` (None: where commands start there)
-        with ``env`` added to its environment, the values never on a command line nor in a file. Returns its own
+        with ``env`` added to its environment, the values never on a command line nor in a file, and the
+        variables ``unset`` (names) taken out of it. Returns its own
         :class:`Output`; a command that cannot be found exits :data:`NOT_FOUND`, one past ``timeout`` seconds
         :data:`TIMED_OUT`. Raises ConnectionLost (or, before any login worked, the tunnel's one-line
         PreflightError) when the other side cannot be reached."""
@@ -123,10 +124,11 @@ class Here(Transport):
     where = "this machine"
 
     def run(self, argv: tp.Sequence[str], *, env: tp.Mapping[str, str] | None = None, cwd: str | None = None,
-            timeout: float = 120.0) -> Output:
+            timeout: float = 120.0, unset: tp.Sequence[str] = ()) -> Output:
+        environ = {k: v for k, v in {**submit_env(), **(env or {})}.items() if k not in unset}
         try:
             proc = subprocess.run(list(argv), capture_output=True, timeout=timeout, cwd=cwd, check=False,
-                                  env={**submit_env(), **(env or {})}, stdin=subprocess.DEVNULL)
+                                  env=environ, stdin=subprocess.DEVNULL)
         except FileNotFoundError as e:
             return Output(NOT_FOUND, stderr=f"{argv[0]}: {e.strerror}".encode())
         except subprocess.TimeoutExpired:
@@ -197,14 +199,16 @@ HERE = Here()
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """What one side answered to :func:`probe`: the path of ``sbatch`` (None: not on its PATH), the cluster's
-    MaxArraySize (None: unknown), its ``SBATCH_EXPORT`` ("" when unset), its ``$HOME`` (None: unknown) and what
-    ``sinfo`` says of its partitions' nodes (:data:`SINFO_FORMAT` lines; "": no answer)."""
+    MaxArraySize (None: unknown), its ``SBATCH_EXPORT`` ("" when unset), its ``$HOME`` (None: unknown), what
+    ``sinfo`` says of its partitions' nodes (:data:`SINFO_FORMAT` lines; "": no answer) and the names of the
+    ``SBATCH_*`` variables set there (:data:`~automodel_hydra.backends.slurm_script.SBATCH_INPUT_VARS`)."""
 
     sbatch: str | None
     max_array_size: int | None
     sbatch_export: str
     home: str | None = None
     partitions: str = ""
+    sbatch_vars: tuple[str, ...] = ()
 
 
 #: ``sinfo --all --exact --noheader --format``: partition (``*`` after the default one), CPUs per node, Gres,
@@ -213,11 +217,13 @@ class Probe:
 #: :func:`automodel_hydra.backends.slurm_limits.parse_sinfo`.
 SINFO_FORMAT = "%P|%c|%G|%D|%l|%s|%m"
 #: One command, whatever the side: where sbatch is, $HOME, SBATCH_EXPORT, the cluster's MaxArraySize
-#: (``scontrol show config``, slurm.conf(5)) and its partitions' nodes and limits (``sinfo``, each line prefixed
-#: ``partition=``; :mod:`~automodel_hydra.backends.slurm_limits`); each answer on a line of its own.
+#: (``scontrol show config``, slurm.conf(5)), its partitions' nodes and limits (``sinfo``, each line prefixed
+#: ``partition=``; :mod:`~automodel_hydra.backends.slurm_limits`) and the names (never the values) of the
+#: ``SBATCH_*`` variables its shell sets (``var=``); each answer on a line of its own.
 _PROBE = ('printf "sbatch=%s\\n" "$(command -v sbatch)"; printf "home=%s\\n" "${HOME-}"; '
           'printf "export=%s\\n" "${SBATCH_EXPORT-}"; scontrol show config 2>/dev/null | grep "^MaxArraySize" || :; '
-          f"sinfo --all --exact --noheader --format='{SINFO_FORMAT}' 2>/dev/null | sed 's/^/partition=/' || :")
+          f"sinfo --all --exact --noheader --format='{SINFO_FORMAT}' 2>/dev/null | sed 's/^/partition=/' || :; "
+          "env | sed -n 's/^\\(SBATCH_[A-Za-z0-9_]*\\)=.*/var=\\1/p' || :")
 
 
 def probe(transport: Transport) -> Probe:
@@ -229,8 +235,9 @@ def probe(transport: Transport) -> Probe:
     found = dict(line.split("=", 1) for line in lines if line.startswith(("sbatch=", "export=", "home=")))
     size = next((line.split("=", 1)[1].strip() for line in lines if line.startswith("MaxArraySize")), "")
     partitions = "\n".join(line.split("=", 1)[1] for line in lines if line.startswith("partition="))
+    names = tuple(line.split("=", 1)[1] for line in lines if line.startswith("var="))
     return Probe(found.get("sbatch") or None, int(size) if size.isdigit() else None, found.get("export", ""),
-                 found.get("home") or None, partitions)
+                 found.get("home") or None, partitions, names)
 
 
 

@@ -103,31 +103,39 @@ class Endpoint:
         return args
 
 
-def remote_path(local: Path | str, local_root: Path | str, job_dir: str) -> PurePosixPath:
-    """Where a local run dir (or a path in it) lives on the login node: ``job_dir`` plus its path relative to
-    ``local_root`` (the submitting dir), or plus its absolute path when it lies outside (pure).
-    ``remote_path("/w/multirun/S/0", "/w", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/multirun/S/0``; a relative
-    ``local`` is taken relative to ``local_root``."""
-    root = PurePosixPath(os.path.normpath(str(local_root)))
-    norm = PurePosixPath(os.path.normpath(str(root / local)))  # a relative path is relative to the submitting dir
-    rel = norm.relative_to(root) if norm == root or root in norm.parents else norm.relative_to("/")
-    return PurePosixPath(job_dir) / rel
+def remote_path(local: Path | str, job_dir: str) -> PurePosixPath:
+    """Where a local run dir (or a path in it) lives on the login node: ``job_dir`` plus its absolute path here
+    (pure). ``remote_path("/w/multirun/S/0", "/scratch/me/jobs")`` -> ``/scratch/me/jobs/w/multirun/S/0``. A
+    function of the dir alone, never of the dir a command runs from: a rerun from another dir, a resume and every
+    member of a sweep find the dirs the first launch made. A relative ``local`` is made absolute here first."""
+    return PurePosixPath(job_dir) / PurePosixPath(os.path.abspath(str(local))).relative_to("/")
+
+
+#: Bytes a remote command line carries as they are (:func:`sh`): nothing any login shell's quoting, sh's double
+#: quotes or printf's format reads specially.
+_PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _./,:=+-@")
 
 
 def sh(script: str) -> str:
-    """A POSIX sh script as one remote command line, whatever the user's login shell is."""
-    return "sh -c " + shlex.quote(script)
+    """A POSIX sh script as one remote command line that every login shell parses alike (sshd runs it with the
+    user's shell, ``$SHELL -c LINE``: bash, dash, zsh, tcsh/csh, fish): ``sh -c 'eval "$(printf "...")"'`` with
+    the script in printf's format, each byte outside :data:`_PLAIN` as a 3-digit octal escape (POSIX printf(1):
+    ``\\ddd``). The line holds no newline, ``!``, quote or ``%`` of the script, and its backslashes are always
+    before a digit: csh's single quotes end at a newline and keep ``!`` history, fish's read ``\\\\`` and ``\\'``,
+    and none of that can occur, whatever paths the script names. Needs nothing but ``sh`` there (its printf)."""
+    body = "".join(chr(b) if b in _PLAIN else f"\\{b:03o}" for b in script.encode())
+    return f"""sh -c 'eval "$(printf "{body}")"'"""
 
 
 class SSH(Transport):
     """One ControlMaster connection to an endpoint, opened on first use and shared by every ssh of this process;
     :func:`connect` hands them out, one per endpoint. Thread-safe.
 
-    Every command runs as ``sh -c`` under the login shell, between two random markers that it prints first and
-    last on stdout and stderr (with its exit status): what the login shell prints before or after it (a
-    ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and never taken for the
-    command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes are read as the
-    command wrote them."""
+    Every command runs as ``sh`` under the login shell (whatever its syntax: :func:`sh`), between two random
+    markers that it prints first and last on stdout and stderr (with its exit status): what the login shell prints
+    before or after it (a ``.bashrc`` ``echo``, an MOTD script, a ``module load`` message) is outside them and
+    never taken for the command's output, so ``sbatch --parsable``'s job id, a ``tar`` stream or a log's bytes
+    are read as the command wrote them."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
@@ -187,7 +195,7 @@ class SSH(Transport):
             self._forget()
 
     def run(self, argv: tp.Sequence[str], *, env: tp.Mapping[str, str] | None = None, cwd: str | None = None,
-            timeout: float = 120.0) -> Output:
+            timeout: float = 120.0, unset: tp.Sequence[str] = ()) -> Output:
         """:meth:`Transport.run` on the login node: the values of ``env`` go on ssh's stdin, one line each, and
         are read into the command's environment there (never on a command line). Raises ValueError for a value
         with a line break or NUL (it cannot be sent so)."""
@@ -196,6 +204,7 @@ class SSH(Transport):
             if "\n" in value or "\0" in value:
                 raise ValueError(f"${name} holds a line break, which cannot be passed through slurm.tunnel")
         reads = "".join(f"IFS= read -r {name}; export {name}; " for name in env)
+        reads += f"unset {' '.join(map(q, unset))}; " if unset else ""
         script = f"{reads}cd {q(cwd)} && {{ {shlex.join(argv)}\n}}" if cwd else f"{reads}{shlex.join(argv)}"
         return self.sh(script, input="".join(v + "\n" for v in env.values()).encode(), timeout=timeout)
 
