@@ -42,10 +42,8 @@ from automodel_hydra.plan import (
     launch_dir,
     new_run_id,
     render_files,
-    stable_tracker_id,
     stop_line,
     write_run_id,
-    write_tracker_id,
 )
 from automodel_hydra.schema import USER_ERROR_EXIT, ConfigError, UserError
 from automodel_hydra.sections import LAUNCHER_SECTIONS, selected_by
@@ -177,9 +175,9 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
         for problem in paths.name_problems(p.cfg, p.job.job_dir, p.job.job_name):
             raise problem
     refuse_shared_paths(jobs, sweep_dir)
-    group = stable_tracker_id(launch_dir(sweep_dir)) if sweep_dir is not None else None
+    group = records.stable_tracker_id(launch_dir(sweep_dir)) if sweep_dir is not None else None
     jobs = [dataclasses.replace(p, job=dataclasses.replace(
-        p.job, code_dir=code_dir(p.job, sweep_dir), tracker_id=stable_tracker_id(p.job.launch_dir),
+        p.job, code_dir=code_dir(p.job, sweep_dir), tracker_id=records.stable_tracker_id(p.job.launch_dir),
         tracker_group=group if p.job.job_num is not None else None)) for p in jobs]
     by_backend: dict[str, list[int]] = {}
     for i, p in enumerate(jobs):
@@ -234,11 +232,11 @@ def launch(jobs: tp.Sequence[Prepared], sweep_dir: Path | None = None, results_n
                        impls[name].batches([plans[i] for i in idx], sweep_dir, facts[name])], idx)
                for name, idx in by_backend.items()]
     if group is not None and sweep_dir is not None and jobs_left:
-        write_tracker_id(launch_dir(sweep_dir), group)
+        records.write_tracker_id(launch_dir(sweep_dir), group)
     for p in jobs_left:  # the rank-side spec (a call job: its pickled call); the plan files come with the batches
         p.job.launch_dir.mkdir(parents=True, exist_ok=True)
         if p.job.tracker_id is not None:  # kept by every later launch of this dir: one tracker run per job
-            write_tracker_id(p.job.launch_dir, p.job.tracker_id)
+            records.write_tracker_id(p.job.launch_dir, p.job.tracker_id)
         if p.job.call is not None:
             p.job.call_file.write_bytes(p.job.call)
         else:

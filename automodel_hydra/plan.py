@@ -168,30 +168,6 @@ def tracker_env(job: JobSpec) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def stable_tracker_id(launch_dir: Path) -> str:
-    """The id in ``launch_dir/tracker_id`` (a job's or a sweep's), or a fresh one (:func:`new_run_id`'s form) when
-    there is none yet; writes nothing (:func:`write_tracker_id` does, with the launch's files)."""
-    try:
-        found = (Path(launch_dir) / TRACKER_ID_FILE).read_text().strip()
-    except OSError:
-        found = ""
-    return found or new_run_id()
-
-
-def write_tracker_id(launch_dir: Path, value: str) -> None:
-    """Write ``launch_dir/tracker_id`` unless it holds ``value`` already (atomically: tmp + replace)."""
-    path = Path(launch_dir) / TRACKER_ID_FILE
-    try:
-        if path.read_text().strip() == value:
-            return
-    except OSError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{TRACKER_ID_FILE}.{os.getpid()}")
-    tmp.write_text(value + "\n")
-    os.replace(tmp, path)
-
-
 def worker_argv(job: JobSpec, python: str = "python", spec_file: str = JOB_FILE, started_by: str | None = None,
                 scheduler: str | None = None) -> list[str]:
     """The command every rank runs: ``python -u -m automodel_hydra.worker <launch/job.yaml> --log-file <log>``

@@ -8,6 +8,9 @@
 * ``launch/lock``: a local job's run lock, an ``flock`` that its processes hold for as long as they live
   (:func:`take_lock`, :func:`locked`), and :func:`refuse_if_busy`, which asks it (or the job's scheduler) before a
   launch rewrites a dir;
+* ``launch/tracker_id``: the job's (or the sweep's) id for experiment trackers, kept by every later launch of the
+  dir (:func:`stable_tracker_id`, :func:`write_tracker_id`; the ranks' variables:
+  :func:`automodel_hydra.plan.tracker_env`);
 * ``launch/cancel.json``: a user's cancel of the job, on every backend (:func:`write_cancel`, :func:`read_cancel`):
   who sent it, the ids and the state then, the launch it covers (``launch/run_id``) and, for a local job, how its
   processes ended. Run dirs written before this record was one file still read: a local job's old
@@ -33,7 +36,15 @@ import os
 import typing as tp
 from pathlib import Path
 
-from automodel_hydra.plan import LAUNCH_DIR, PreflightError, SubmitError, launch_dir, read_run_id
+from automodel_hydra.plan import (
+    LAUNCH_DIR,
+    TRACKER_ID_FILE,
+    PreflightError,
+    SubmitError,
+    launch_dir,
+    new_run_id,
+    read_run_id,
+)
 from automodel_hydra.states import JobState
 
 if tp.TYPE_CHECKING:
@@ -489,3 +500,27 @@ def cancel_note(job_dir: Path, job_ids: tp.Sequence[str]) -> str | None:
         return None
     return (f"cancelled with {rec.by or 'automodel-hydra cancel'} while {rec.was or 'PENDING'}; the "
             "scheduler keeps no record of it")
+
+
+def stable_tracker_id(launch_dir: Path) -> str:
+    """The id in ``launch_dir/tracker_id`` (a job's or a sweep's), or a fresh one (:func:`new_run_id`'s form) when
+    there is none yet; writes nothing (:func:`write_tracker_id` does, with the launch's files)."""
+    try:
+        found = (Path(launch_dir) / TRACKER_ID_FILE).read_text().strip()
+    except OSError:
+        found = ""
+    return found or new_run_id()
+
+
+def write_tracker_id(launch_dir: Path, value: str) -> None:
+    """Write ``launch_dir/tracker_id`` unless it holds ``value`` already (atomically: tmp + replace)."""
+    path = Path(launch_dir) / TRACKER_ID_FILE
+    try:
+        if path.read_text().strip() == value:
+            return
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{TRACKER_ID_FILE}.{os.getpid()}")
+    tmp.write_text(value + "\n")
+    os.replace(tmp, path)

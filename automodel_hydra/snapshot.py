@@ -49,6 +49,9 @@ from pathlib import Path
 from automodel_hydra import records
 from automodel_hydra.schema import ConfigError
 
+if tp.TYPE_CHECKING:
+    from automodel_hydra.config import TrainConfig
+
 #: ``slurm.snapshot``'s values.
 MODES = ("auto", "git", "copy", "none")
 #: The snapshot's dir name under a launch dir, and its two parts.
@@ -112,6 +115,24 @@ def resolve_mode(mode: str, cwd: Path) -> str:
     if mode != "auto":
         return mode
     return "git" if _git(cwd, "rev-parse", "--is-inside-work-tree", check=False) == "true" else "copy"
+
+
+def find_each(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], Source | None]:
+    """What each distinct ``slurm.snapshot`` setting of ``cfgs`` snapshots from this dir (:func:`find`; a container
+    job that mounts this project's source itself: none), keyed ``(slurm.snapshot, slurm.snapshot_max_mb)``.
+    Raises SnapshotError (a ConfigError) naming the field: too large, not a git work tree."""
+    from automodel_hydra.plan import JobSpec
+
+    out: dict[tuple[str, float], Source | None] = {}
+    for cfg in cfgs:
+        sc = cfg.slurm
+        assert sc is not None
+        key = (sc.snapshot, sc.snapshot_max_mb)
+        live = sc.container_image is not None and sc.nemo_mount and sc.nemo_volume is None
+        if key not in out and not live:  # (live: nemo_mount mounts this project's source itself)
+            out[key] = find(sc.snapshot, Path.cwd(), JobSpec.project_root, sc.snapshot_max_mb,
+                            exclude=[Path(cfg.output_dir)])
+    return out
 
 
 def find(mode: str, cwd: Path, project_root: Path, max_mb: float, key: str = "slurm.snapshot",

@@ -121,7 +121,7 @@ def test_slurm_script_imports_the_snapshot_of_the_sweep(repo: Path, tmp_path: Pa
     sweep = tmp_path / "S"
     cfgs = [load([f"seed={i}"], sweep / str(i)) for i in range(3)]
     backend = slurm.Slurm()
-    facts = slurm.Facts(snapshots=slurm.find_snapshots(cfgs))
+    facts = slurm.Facts(snapshots=snapshot.find_each(cfgs))
     code = sweep / "launch" / "code"
     plans = [backend.plan(cfg, JobSpec(sweep / str(i), "train", job_num=i, code_dir=code), facts)
              for i, cfg in enumerate(cfgs)]
@@ -131,7 +131,7 @@ def test_slurm_script_imports_the_snapshot_of_the_sweep(repo: Path, tmp_path: Pa
         assert f"export PYTHONPATH={code}/src/my_pkg:{code}/lib${{PYTHONPATH:+:$PYTHONPATH}}" in text
         assert "export PYTHONSAFEPATH=1" in text and f"AUTOMODEL_CODE_SRC={code}/src" in text
         assert git(repo, "rev-parse", "HEAD")[:12] in text
-    none = slurm.Facts(snapshots=slurm.find_snapshots([load(["slurm.snapshot=none"], sweep / "0")]))
+    none = slurm.Facts(snapshots=snapshot.find_each([load(["slurm.snapshot=none"], sweep / "0")]))
     plain = backend.plan(load(["slurm.snapshot=none"], sweep / "0"), JobSpec(sweep / "0", "train", code_dir=code),
                          none)
     assert "PYTHONSAFEPATH" not in plain.files["sbatch.sh"] and str(code) not in plain.files["sbatch.sh"]

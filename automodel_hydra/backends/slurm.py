@@ -20,7 +20,7 @@ import time
 import typing as tp
 from pathlib import Path, PurePosixPath
 
-from automodel_hydra import fault_tolerance, outcome, records
+from automodel_hydra import fault_tolerance, outcome, records, snapshot
 from automodel_hydra.backends import slurm_script
 from automodel_hydra.backends.slurm_config import CALL_DEFAULTS as CALL_DEFAULTS
 from automodel_hydra.backends.slurm_config import SlurmConfig as SlurmConfig
@@ -86,7 +86,7 @@ class Facts:
     """What :meth:`Slurm.preflight` read: MaxArraySize (``scontrol show config``), this machine's partitions (sinfo)."""
 
     max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
-    #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`find_snapshots`)
+    #: (slurm.snapshot, slurm.snapshot_max_mb) -> what a submission snapshots (:func:`snapshot.find_each`)
     snapshots: tp.Mapping[tuple[str, float], Source | None] = dataclasses.field(default_factory=dict)
     #: ``slurm.tunnel``: what each login node answered (:func:`slurm_transport.probe`)
     remote: tp.Mapping[Endpoint, Probe] = dataclasses.field(default_factory=dict)
@@ -151,7 +151,7 @@ class Slurm(Backend[Request, SlurmRef, Facts]):
         if conf and not Path(conf).is_file() and here:
             raise PreflightError(f"SLURM_CONF={conf} is not a file: point it at the cluster's slurm.conf, or unset it "
                                  "on a login node")
-        snapshots = find_snapshots(cfgs)
+        snapshots = snapshot.find_each(cfgs)
         for cfg in cfgs:
             sc = cfg.slurm
             assert sc is not None
@@ -564,23 +564,6 @@ def _get(jobs: tp.Sequence[tuple[SlurmRef, Path, str | None]]) -> None:
             items.append((PurePosixPath(log_there).parent, Path(log_here).parent, (PurePosixPath(log_there).name,)))
     for endpoint, items in by.items():
         transport(endpoint).get(items)
-
-
-def find_snapshots(cfgs: tp.Sequence[TrainConfig]) -> dict[tuple[str, float], Source | None]:
-    """What each distinct ``slurm.snapshot`` setting of ``cfgs`` snapshots from this dir (a container job: none).
-    Raises SnapshotError (a ConfigError) naming the field: too large, not a git work tree."""
-    from automodel_hydra.snapshot import find
-
-    out: dict[tuple[str, float], Source | None] = {}
-    for cfg in cfgs:
-        sc = cfg.slurm
-        assert sc is not None
-        key = (sc.snapshot, sc.snapshot_max_mb)
-        live = sc.container_image is not None and sc.nemo_mount and sc.nemo_volume is None
-        if key not in out and not live:  # (live: nemo_mount mounts this project's source itself)
-            out[key] = find(sc.snapshot, Path.cwd(), JobSpec.project_root, sc.snapshot_max_mb,
-                            exclude=[Path(cfg.output_dir)])
-    return out
 
 
 def _fresh_result(sub: Submission[SlurmRef]) -> bool:
