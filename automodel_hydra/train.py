@@ -103,20 +103,22 @@ def _refuse_dry_run_over_a_run(line: argv.CommandLine) -> None:
     """``dry_run=true`` with the literal dir of a submitted run or sweep on the command line: one line (status 2)
     before Hydra writes its ``.hydra/`` there (:func:`automodel_hydra.records.refuse_dry_run_over`; a dir that
     comes from a config file is refused by the launch, before any launch file is written)."""
-    from automodel_hydra import records
+    from automodel_hydra import paths, records
     from automodel_hydra.plan import JobSpec
     from automodel_hydra.schema import UserError
 
     sweep = line.given("--multirun") is not None
     where = records.dry_run_dir(line.overrides, sweep)
-    if where is None:
-        return
+    if where is None or paths.too_long(where) is not None:  # (no run can be in a dir that cannot be made: the
+        return  # launch's own check of paths built from names says which key, in one line)
     jobs = [] if sweep else [JobSpec(job_dir=where, job_name="")]
     try:
         records.refuse_if_busy(jobs)  # (a dir whose job has not ended: that line first, as the launch says it)
         records.refuse_dry_run_over(jobs, where if sweep else None)
     except UserError as e:
         fail(str(e))
+    except OSError:  # a dir this user cannot read holds no run of theirs; Hydra's own dir creation says why
+        return
 
 
 if __name__ == "__main__":
