@@ -225,9 +225,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def fetch_remote(records: list[Record]) -> None:
-    """Bring back what jobs that ran elsewhere wrote (results, metrics, logs: a ``slurm.tunnel`` job's login node),
-    each through its backend (:meth:`~automodel_hydra.plan.Backend.fetch_results`), so that what is read here is
-    what the jobs wrote there; a cluster that cannot be reached leaves the copies as they are."""
+    """Bring back what jobs that ran elsewhere wrote so far (results, metrics, logs: a ``slurm.tunnel`` job's login
+    node), each through its backend (:meth:`~automodel_hydra.plan.Backend.fetch_results`), so that what is read here
+    is what the jobs wrote there; a cluster that cannot be reached leaves the copies as they are. The jobs that
+    ended are fetched by :func:`automodel_hydra.progress.backend_states`, once, before their state is judged."""
     from automodel_hydra import backends
 
     by: dict[str, list[Record]] = {}
@@ -254,10 +255,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     root = resolve_dir(args.dir)
     records = load_records(root)
-    fetch_remote(records)
+    infos = backend_states(records)  # (it copies back what the ended jobs wrote: their results decide their state)
+    fetch_remote([r for r, i in zip(records, infos) if not i.state.final])  # the others' logs and metrics so far
     shared, varying = split_overrides(records)
     rows = []
-    for rec, info in zip(records, backend_states(records)):
+    for rec, info in zip(records, infos):
         # a pending job has logged nothing: its files are not read (a big sweep's status stays one query)
         logged = last_logged(Path(rec["job_dir"])) if info.state is not JobState.PENDING else None
         rows.append({"job": job_num(rec), "overrides": rec.get("overrides", []), "backend": rec["backend"],
@@ -426,9 +428,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     root = resolve_dir(args.dir)
     records = load_records(root)
-    fetch_remote(records)
+    states = [info.state for info in backend_states(records)]  # (one scheduler query for all; ended jobs fetched)
+    fetch_remote([r for r, state in zip(records, states) if not state.final])  # the others' metrics so far
     shared, labels = split_overrides(records)
-    states = [info.state for info in backend_states(records)]  # (one scheduler query for all)
     return report.report(root, records, [job_num(r) for r in records], labels, shared, states,
                          Path(args.out) if args.out else root / "report")
 
