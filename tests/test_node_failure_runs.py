@@ -69,6 +69,19 @@ def restore_node(cluster: tp.Any, node: str) -> None:
         time.sleep(0.5)
 
 
+def submit_until_training(conf: Path, run: Path, started: Path) -> str:
+    """Submit the run of ``conf`` into ``run`` (detached) and wait until its recipe has trained a few steps (its
+    ``started`` file, rewritten every step, is 1.5 s old); returns the Slurm job id."""
+    proc = _train(conf, run)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    job = _status(run)["job_ids"][0]
+    deadline = time.monotonic() + 120
+    while not started.exists() or time.time() - started.stat().st_mtime < 1.5:  # a few steps done
+        assert time.monotonic() < deadline, proc.stdout[-3000:]
+        time.sleep(0.2)
+    return str(job)
+
+
 def node_failure_run(cluster: tp.Any, tmp_path: Path) -> dict[str, tp.Any]:
     """One one-node job killed with its node once it trained a few steps; returns its status row, plus
     ``killed_at`` and ``first_step_at`` (the requeued run's recipe start, 0.1 s before its first step ends: the
@@ -78,13 +91,7 @@ def node_failure_run(cluster: tp.Any, tmp_path: Path) -> dict[str, tp.Any]:
     text = (conf / "job.yaml").read_text().replace("  wait: true\n", "  wait: false\n  max_requeues: 3\n")
     (conf / "job.yaml").write_text(text)
     run = tmp_path / "R"
-    proc = _train(conf, run)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    job = _status(run)["job_ids"][0]
-    deadline = time.monotonic() + 120
-    while not started.exists() or time.time() - started.stat().st_mtime < 1.5:  # a few steps done
-        assert time.monotonic() < deadline, proc.stdout[-3000:]
-        time.sleep(0.2)
+    job = submit_until_training(conf, run, started)
     node = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     assert node in ("node1", "node2"), node
     first_write = started.stat().st_mtime
@@ -130,13 +137,7 @@ def test_a_node_failure_of_a_two_node_run_names_the_node_that_went_down(slurm_cl
     (conf / "job.yaml").write_text(text.replace("  nodes: 1\n", "  nodes: 2\n").replace("ntasks_per_node: 2",
                                                                                         "ntasks_per_node: 1"))
     run = tmp_path / "R"
-    proc = _train(conf, run)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    job = _status(run)["job_ids"][0]
-    deadline = time.monotonic() + 120
-    while not started.exists() or time.time() - started.stat().st_mtime < 1.5:  # a few steps done
-        assert time.monotonic() < deadline, proc.stdout[-3000:]
-        time.sleep(0.2)
+    job = submit_until_training(conf, run, started)
     assert slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip() == "node[1-2]"
     try:
         kill_node(slurm_cluster, "node2", job)

@@ -10,6 +10,7 @@ is a plain interpreter with this venv's site-packages on its path: ``automodel_h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -93,6 +94,34 @@ def _interpreter() -> str | None:
     return found if found and os.access(found, os.X_OK) and not found.startswith("/root") else None
 
 
+@contextlib.contextmanager
+def _login_user(factory: pytest.TempPathFactory, prefix: str, shell: str, python: str,
+                files: tp.Mapping[str, str]) -> tp.Iterator[Login]:
+    """A second user (useradd; its name ``prefix`` + 6 hex) whose login shell is ``shell``, with ``files`` in its
+    home (relative path -> text; what is under a ``bin/`` is executable) and ``~/venv/bin/python``, ``python``
+    importing this venv's packages, allowed on a sshd of its own; the sshd stopped and the user removed after."""
+    name = f"{prefix}{secrets.token_hex(3)}"
+    # '*': no password, yet not a locked account (sshd refuses a locked one, '!', even for a key)
+    subprocess.run(["useradd", "-m", "-d", f"/home/{name}", "-s", shell, "-p", "*", name], check=True)
+    try:
+        home = Path(pwd.getpwnam(name).pw_dir)
+        venv_python = f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{SITE}"\nexec {python} "$@"\n'
+        for rel, text in {**files, "venv/bin/python": venv_python}.items():
+            path = home / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if path.parent.name == "bin":
+                path.chmod(0o755)
+        subprocess.run(["chown", "-R", f"{name}:", str(home)], check=True)
+        server, proc = ssh_server.start(factory.mktemp(f"sshd-{prefix}"), users=[name])
+        try:
+            yield Login(name, home, server)
+        finally:
+            ssh_server.stop(proc)
+    finally:
+        subprocess.run(["userdel", "--force", "--remove", name], check=False, capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def login(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[Login]:
     """A second user whose login shell prints, its home in /home, allowed on a sshd of its own."""
@@ -101,27 +130,10 @@ def login(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[Login]:
     python = _interpreter()
     if shutil.which("useradd") is None or python is None:
         pytest.skip(f"needs useradd and a python{sys.version_info.major}.{sys.version_info.minor} outside /root")
-    name = f"amh{secrets.token_hex(3)}"
-    # '*': no password, yet not a locked account (sshd refuses a locked one, '!', even for a key)
-    subprocess.run(["useradd", "-m", "-d", f"/home/{name}", "-s", "/bin/bash", "-p", "*", name], check=True)
-    try:
-        home = Path(pwd.getpwnam(name).pw_dir)
-        (home / ".bashrc").write_text(f'echo "{GREETING}"\necho "{MODULES}" >&2\nexport PATH="$HOME/bin:$PATH"\n')
-        (home / "bin").mkdir()
-        (home / "bin" / "sbatch").write_text(SBATCH_WRAPPER.format(banner=BANNER))
-        (home / "venv" / "bin").mkdir(parents=True)
-        (home / "venv" / "bin" / "python").write_text(
-            f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{SITE}"\nexec {python} "$@"\n')
-        for exe in (home / "bin" / "sbatch", home / "venv" / "bin" / "python"):
-            exe.chmod(0o755)
-        subprocess.run(["chown", "-R", f"{name}:", str(home)], check=True)
-        server, proc = ssh_server.start(tmp_path_factory.mktemp("sshd-login"), users=[name])
-        try:
-            yield Login(name, home, server)
-        finally:
-            ssh_server.stop(proc)
-    finally:
-        subprocess.run(["userdel", "--force", "--remove", name], check=False, capture_output=True)
+    with _login_user(tmp_path_factory, "amh", "/bin/bash", python, {
+            ".bashrc": f'echo "{GREETING}"\necho "{MODULES}" >&2\nexport PATH="$HOME/bin:$PATH"\n',
+            "bin/sbatch": SBATCH_WRAPPER.format(banner=BANNER)}) as user:
+        yield user
 
 
 RECIPE = '''
@@ -405,23 +417,9 @@ def tcsh_login(tmp_path_factory: pytest.TempPathFactory) -> tp.Iterator[Login]:
         if os.environ.get("CI"):
             pytest.fail(f"needs {missing}")
         pytest.skip(f"needs {missing}")
-    name = f"amc{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "-m", "-d", f"/home/{name}", "-s", tcsh, "-p", "*", name], check=True)
-    try:
-        home = Path(pwd.getpwnam(name).pw_dir)
-        (home / ".cshrc").write_text(f'echo "{GREETING}"\nsetenv SBATCH_TIMELIMIT 1\nsetenv SBATCH_JOB_NAME leftover\n')
-        (home / "venv" / "bin").mkdir(parents=True)
-        (home / "venv" / "bin" / "python").write_text(
-            f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{SITE}"\nexec {python} "$@"\n')
-        (home / "venv" / "bin" / "python").chmod(0o755)
-        subprocess.run(["chown", "-R", f"{name}:", str(home)], check=True)
-        server, proc = ssh_server.start(tmp_path_factory.mktemp("sshd-tcsh"), users=[name])
-        try:
-            yield Login(name, home, server)
-        finally:
-            ssh_server.stop(proc)
-    finally:
-        subprocess.run(["userdel", "--force", "--remove", name], check=False, capture_output=True)
+    with _login_user(tmp_path_factory, "amc", tcsh, python, {
+            ".cshrc": f'echo "{GREETING}"\nsetenv SBATCH_TIMELIMIT 1\nsetenv SBATCH_JOB_NAME leftover\n'}) as user:
+        yield user
 
 
 def test_a_tcsh_login_with_home_fields_and_leftover_sbatch_variables(slurm_cluster, tcsh_login: Login,
